@@ -1,0 +1,202 @@
+"""Sessions: apply-patches, test, upstream-tests, bench, lint.
+
+All sessions share one project environment (default ``.venv``, override with
+``VLLM_KIMI_EXT_ENV``): ``apply-patches`` creates it and installs the patched
+vLLM 0.34.0 tree editable together with this package; the other sessions run
+in it. Activate it (``source .venv/bin/activate``) to run ``vllm serve``.
+
+    nox -s apply-patches                      # fetch sdist, apply series, install
+    nox -s apply-patches -- --vllm-src PATH   # use your own git checkout instead
+    nox -s apply-patches -- --check           # dry run against the baseline
+    nox -s apply-patches -- --export          # fork branch commits -> patches/
+    nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
+    nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
+    nox -s bench                              # what this machine can measure
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from vllm_kimi_ext import patchset  # noqa: E402  (stdlib-only module)
+
+nox.options.sessions = ["apply-patches", "test"]
+nox.options.default_venv_backend = "none"
+
+ENV_DIR = Path(os.environ.get("VLLM_KIMI_EXT_ENV", ROOT / ".venv"))
+BUILD_DIR = ROOT / "build"
+DEFAULT_TREE = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}"
+TREE_POINTER = BUILD_DIR / "vllm-src"  # records which tree apply-patches used
+TORCH_PIN = "torch==2.13.0"  # vLLM 0.34.0 pins 2.14.0 for CUDA; 2.13.0 runs it on CPU
+TEST_REQUIREMENTS = ["pytest>=8", "pytest-benchmark>=4", "scipy", "matplotlib", "tiktoken"]
+
+
+def _py() -> str:
+    return str(ENV_DIR / "bin" / "python")
+
+
+def _pip(session: nox.Session, *args: str, env: dict | None = None) -> None:
+    session.run(_py(), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args,
+                env=env, external=True)
+
+
+def _ensure_env(session: nox.Session) -> None:
+    if not (ENV_DIR / "bin" / "python").exists():
+        session.log(f"creating project environment {ENV_DIR}")
+        session.run(sys.executable, "-m", "venv", str(ENV_DIR), external=True)
+        _pip(session, "--upgrade", "pip")
+
+
+def _require_env(session: nox.Session) -> None:
+    if not (ENV_DIR / "bin" / "python").exists():
+        session.error(f"no project environment at {ENV_DIR}: run `nox -s apply-patches` first")
+
+
+def _cuda_available() -> bool:
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def _tree() -> Path:
+    if TREE_POINTER.exists():
+        return Path(TREE_POINTER.read_text().strip())
+    return DEFAULT_TREE
+
+
+def _installed_from(tree: Path) -> bool:
+    """Is vllm in the env already an editable install of ``tree``?"""
+    code = ("import json,sys\nfrom importlib import metadata\n"
+            "try:\n d=metadata.distribution('vllm')\nexcept metadata.PackageNotFoundError:\n"
+            " sys.exit(1)\nu=json.loads(d.read_text('direct_url.json') or '{}')\n"
+            "print(u.get('url',''), u.get('dir_info',{}).get('editable',False))")
+    proc = subprocess.run([_py(), "-c", code], capture_output=True, text=True)
+    return proc.returncode == 0 and proc.stdout.split()[:2] == [tree.resolve().as_uri(), "True"]
+
+
+@nox.session(name="apply-patches")
+def apply_patches(session: nox.Session) -> None:
+    """Prepare the patched vLLM 0.34.0 tree and install it editable."""
+    parser = argparse.ArgumentParser(prog="nox -s apply-patches --")
+    parser.add_argument("--vllm-src", type=Path, help="an existing git checkout of vLLM "
+                        "(must contain tag v0.34.0) instead of the registry sdist")
+    parser.add_argument("--check", action="store_true",
+                        help="dry-run the series against the baseline; change nothing")
+    parser.add_argument("--export", action="store_true",
+                        help="regenerate patches/ from the fork branch commits")
+    parser.add_argument("--no-install", action="store_true",
+                        help="prepare the tree only")
+    parser.add_argument("--precompiled-wheel",
+                        help="CUDA machines: local vllm-0.34.0 wheel providing the kernels")
+    args = parser.parse_args(session.posargs)
+    t0 = time.time()
+    try:
+        if args.vllm_src:
+            tree = args.vllm_src.resolve()
+            patchset.check_user_tree(tree)
+        else:
+            tree = _tree()
+            if not tree.exists():
+                BUILD_DIR.mkdir(exist_ok=True)
+                sdist = patchset.fetch_sdist(BUILD_DIR / "cache")
+                patchset.create_tree_from_sdist(sdist, tree)
+        if args.check:
+            names = patchset.check_series(tree)
+            session.log(f"--check: all {len(names)} patch(es) apply cleanly to "
+                        f"{patchset.BASELINE_TAG}")
+            return
+        if args.export:
+            names = patchset.export_series(tree)
+            session.log(f"--export: {len(names)} patch(es) in {patchset.PATCH_DIR}")
+            return
+        result = patchset.apply_series(tree)
+    except patchset.PatchSetError as exc:
+        session.error(str(exc))
+    BUILD_DIR.mkdir(exist_ok=True)
+    TREE_POINTER.write_text(str(tree) + "\n")
+    session.log(f"tree {tree}: {len(result.applied)} patch(es) "
+                f"({'applied now' if result.changed else 'unchanged'})")
+    if args.no_install:
+        return
+
+    _ensure_env(session)
+    cuda = _cuda_available()
+    try:
+        build_env = patchset.build_env(cuda_available=cuda,
+                                       precompiled_wheel=args.precompiled_wheel)
+    except patchset.PatchSetError as exc:
+        session.error(str(exc))
+    if not cuda:
+        # the CPU build of torch; installing it first keeps pip from resolving
+        # vLLM's CUDA torch pin during the editable install
+        _pip(session, TORCH_PIN)
+    _pip(session, *patchset.BUILD_REQUIREMENTS)
+    if not _installed_from(tree):
+        session.log(f"installing {tree} editable ({build_env['VLLM_TARGET_DEVICE']} build)")
+        _pip(session, "--no-build-isolation", "-e", str(tree), env=build_env)
+    else:
+        session.log("vLLM already installed editable from this tree")
+    _pip(session, "-e", f"{ROOT}[test]")
+    session.run(_py(), "-c", "import vllm, vllm_kimi_ext; print('vllm', vllm.__version__, "
+                "'+ vllm_kimi_ext', vllm_kimi_ext.__version__)", external=True)
+    session.log(f"apply-patches done in {time.time() - t0:.0f} s; "
+                f"activate with: source {ENV_DIR}/bin/activate")
+
+
+def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
+    """Run pytest in the project env; exit 5 (nothing collected) is an error."""
+    _require_env(session)
+    session.run(_py(), "-m", "pytest", *args, external=True,
+                env={"VLLM_TARGET_DEVICE": "cpu", **(env or {})})
+
+
+@nox.session
+def test(session: nox.Session) -> None:
+    """The project's CPU tier (GPU tests skip cleanly without a GPU)."""
+    _pytest(session, "tests", "-m", "not slow", *session.posargs)
+
+
+@nox.session(name="test-all", default=False)
+def test_all(session: nox.Session) -> None:
+    """Every tier this machine can run, slow tests included."""
+    _pytest(session, "tests", *session.posargs)
+
+
+@nox.session(name="upstream-tests", default=False)
+def upstream_tests(session: nox.Session) -> None:
+    """vLLM 0.34.0's own spec-decode and sampler tests, run on the patched tree."""
+    tree = _tree()
+    if not tree.exists():
+        session.error("no vLLM tree: run `nox -s apply-patches` first")
+    session.chdir(tree)
+    _pytest(session, "-p", "vllm_kimi_ext.testing.upstream_deselect",
+            "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
+            "-q", "-o", "addopts=", "--rootdir", str(tree), *session.posargs,
+            env={"VLLM_KIMI_EXT_UPSTREAM_TREE": str(tree)})
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks this machine can run; writes bench/out/ (see bench/README.md)."""
+    _require_env(session)
+    session.run(_py(), str(ROOT / "bench" / "run_all.py"), *session.posargs, external=True,
+                env={"VLLM_TARGET_DEVICE": "cpu"})
+
+
+@nox.session(default=False)
+def lint(session: nox.Session) -> None:
+    """Static checks: ruff, and that every patch has its note and series entry."""
+    _require_env(session)
+    _pip(session, "ruff")
+    session.run(_py(), "-m", "ruff", "check", "vllm_kimi_ext", "tests", "bench",
+                "noxfile.py", external=True)
+    _pytest(session, "tests/unit/test_upstream_notes.py", "-q")

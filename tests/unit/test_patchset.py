@@ -1,0 +1,199 @@
+"""The fork tooling behind `nox -s apply-patches`, on a small synthetic vLLM repo.
+
+The real tree is exercised by tests/canary/test_series_applies.py; here every
+failure mode is provoked on a repo small enough to build in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_kimi_ext import patchset
+from vllm_kimi_ext.patchset import PatchSetError
+
+
+def _git(repo: Path, *args: str) -> str:
+    return patchset.git(repo, *args).stdout.strip()
+
+
+@pytest.fixture()
+def fake_vllm(tmp_path: Path) -> Path:
+    """A git repo shaped like a vLLM checkout, tagged v0.34.0."""
+    repo = tmp_path / "vllm-src"
+    (repo / "vllm").mkdir(parents=True)
+    (repo / "vllm" / "__init__.py").write_text("__version__ = '0.34.0'\n")
+    (repo / "vllm" / "config.py").write_text(
+        "".join(f"line_{i} = {i}\n" for i in range(40)))
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "baseline")
+    _git(repo, "tag", patchset.BASELINE_TAG)
+    return repo
+
+
+def _make_patches(repo: Path, patch_dir: Path, edits: list[tuple[str, str, str]]) -> None:
+    """Commit each (subject, old line, new line) edit on a branch, format-patch them."""
+    _git(repo, "checkout", "-q", "-b", "work", patchset.BASELINE_TAG)
+    cfg = repo / "vllm" / "config.py"
+    for subject, old, new in edits:
+        cfg.write_text(cfg.read_text().replace(old, new))
+        _git(repo, "commit", "-q", "-am", subject)
+    patch_dir.mkdir(parents=True, exist_ok=True)
+    _git(repo, "format-patch", "-q", "--zero-commit", "-o", str(patch_dir),
+         f"{patchset.BASELINE_TAG}..work")
+    names = sorted(p.name for p in patch_dir.glob("*.patch"))
+    (patch_dir / "series").write_text("# test series\n" + "\n".join(names) + "\n")
+    _git(repo, "checkout", "-q", "main")
+    _git(repo, "branch", "-q", "-D", "work")
+
+
+def _at_baseline(repo: Path) -> bool:
+    return (_git(repo, "rev-parse", "HEAD") == _git(repo, "rev-parse", patchset.BASELINE_TAG)
+            and not _git(repo, "status", "--porcelain", "--untracked-files=no")
+            and not (repo / patchset.RECORD_RELPATH).exists())
+
+
+def test_apply_is_idempotent_and_records_the_series(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33"),
+                                    ("[B] second", "line_30 = 30", "line_30 = 300")])
+    first = patchset.apply_series(fake_vllm, pdir)
+    assert first.changed and len(first.applied) == 2
+    assert "line_3 = 33" in (fake_vllm / "vllm/config.py").read_text()
+    # authorship and messages survive git am
+    assert _git(fake_vllm, "log", "--format=%s", "-2").splitlines() == ["[B] second", "[A] first"]
+    record = json.loads((fake_vllm / patchset.RECORD_RELPATH).read_text())
+    assert record == patchset.series_record(patchset.read_series(pdir))
+    head = _git(fake_vllm, "rev-parse", "HEAD")
+    again = patchset.apply_series(fake_vllm, pdir)
+    assert not again.changed and _git(fake_vllm, "rev-parse", "HEAD") == head
+
+
+def test_broken_patch_is_named_and_tree_returns_to_baseline(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] good", "line_3 = 3", "line_3 = 33"),
+                                    ("[B] will break", "line_20 = 20", "line_20 = 2000")])
+    broken = sorted(pdir.glob("0002-*.patch"))[0]
+    # make the second patch's context no longer match the baseline
+    broken.write_text(broken.read_text().replace(" line_19 = 19", " line_19 = nineteen"))
+    with pytest.raises(PatchSetError) as err:
+        patchset.apply_series(fake_vllm, pdir)
+    msg = str(err.value)
+    assert "patch 2/2" in msg and broken.name in msg
+    assert "vllm/config.py" in msg  # the failing file (and hunk line) is named
+    assert _at_baseline(fake_vllm)
+    # the dry run reports the same failure and never touches the tree
+    with pytest.raises(PatchSetError, match=broken.name):
+        patchset.check_series(fake_vllm, pdir)
+    assert _at_baseline(fake_vllm)
+
+
+def test_failed_reapply_after_success_also_restores_baseline(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] good", "line_3 = 3", "line_3 = 33")])
+    patchset.apply_series(fake_vllm, pdir)
+    extra = pdir / "0002-bad.patch"
+    extra.write_text("this is not a patch\n")
+    (pdir / "series").write_text((pdir / "series").read_text() + "0002-bad.patch\n")
+    with pytest.raises(PatchSetError, match="0002-bad.patch"):
+        patchset.apply_series(fake_vllm, pdir)
+    assert _at_baseline(fake_vllm)
+
+
+def test_check_passes_without_touching_the_tree(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] good", "line_3 = 3", "line_3 = 33")])
+    head = _git(fake_vllm, "rev-parse", "HEAD")
+    assert patchset.check_series(fake_vllm, pdir) == [p.name for p in pdir.glob("0001-*")]
+    assert _git(fake_vllm, "rev-parse", "HEAD") == head
+    assert len(_git(fake_vllm, "worktree", "list").splitlines()) == 1  # scratch removed
+
+
+def test_export_round_trips_byte_stable_and_follows_edits(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33")])
+    patchset.apply_series(fake_vllm, pdir)
+    patchset.export_series(fake_vllm, pdir)  # normalise to the exporter's format
+    before = {p.name: p.read_bytes() for p in pdir.iterdir()}
+    patchset.export_series(fake_vllm, pdir)
+    assert {p.name: p.read_bytes() for p in pdir.iterdir()} == before  # byte-stable
+    assert not patchset.apply_series(fake_vllm, pdir).changed  # tree still matches
+    # edit the fork branch: amend the commit, export, re-apply from scratch
+    cfg = fake_vllm / "vllm" / "config.py"
+    cfg.write_text(cfg.read_text().replace("line_3 = 33", "line_3 = 333"))
+    _git(fake_vllm, "commit", "-q", "-a", "--amend", "--no-edit")
+    patchset.export_series(fake_vllm, pdir)
+    (patch,) = pdir.glob("0001-*.patch")
+    assert "+line_3 = 333" in patch.read_text()
+    _git(fake_vllm, "checkout", "-q", "-f", patchset.BASELINE_TAG)
+    patchset.apply_series(fake_vllm, pdir)
+    assert "line_3 = 333" in cfg.read_text()
+
+
+def test_user_checkout_of_another_version_is_refused(tmp_path):
+    repo = tmp_path / "other"
+    (repo / "vllm").mkdir(parents=True)
+    (repo / "vllm" / "__init__.py").write_text("")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "x")
+    _git(repo, "tag", "v0.33.1")
+    with pytest.raises(PatchSetError, match=r"vLLM 0\.34\.0 required .*found v0\.33\.1"):
+        patchset.check_user_tree(repo)
+    with pytest.raises(PatchSetError, match="not a git checkout"):
+        patchset.check_user_tree(tmp_path)
+
+
+def test_user_checkout_with_local_changes_is_refused(fake_vllm):
+    (fake_vllm / "vllm" / "config.py").write_text("dirty\n")
+    with pytest.raises(PatchSetError, match="uncommitted changes"):
+        patchset.check_user_tree(fake_vllm)
+
+
+def test_series_errors_are_specific(tmp_path):
+    with pytest.raises(PatchSetError, match="no series file"):
+        patchset.read_series(tmp_path)
+    (tmp_path / "series").write_text("0001-missing.patch\n")
+    with pytest.raises(PatchSetError, match=r"series:1: listed patch '0001-missing.patch'"):
+        patchset.read_series(tmp_path)
+
+
+def test_build_env_selection():
+    cpu = patchset.build_env(cuda_available=False, base={"VLLM_USE_PRECOMPILED": "1"})
+    assert cpu["VLLM_TARGET_DEVICE"] == "empty"
+    assert "VLLM_USE_PRECOMPILED" not in cpu
+    assert cpu["SETUPTOOLS_SCM_PRETEND_VERSION"] == "0.34.0"
+    assert cpu["VLLM_SKIP_VERSION_SUFFIX"] == "1"
+    gpu = patchset.build_env(cuda_available=True,
+                             precompiled_wheel="/w/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    assert gpu["VLLM_TARGET_DEVICE"] == "cuda"
+    assert gpu["VLLM_USE_PRECOMPILED"] == "1"
+    assert gpu["VLLM_PRECOMPILED_WHEEL_LOCATION"].endswith("x86_64.whl")
+    with pytest.raises(PatchSetError, match="needs the vLLM 0.34.0 binary wheel"):
+        patchset.build_env(cuda_available=True)
+    with pytest.raises(PatchSetError, match="expected a vllm-0.34.0"):
+        patchset.build_env(cuda_available=True, precompiled_wheel="vllm-0.33.0-cp38.whl")
+
+
+def test_sdist_tree_is_created_atomically(tmp_path):
+    """A bad archive leaves no half-made tree behind."""
+    bad = tmp_path / "vllm-0.34.0.tar.gz"
+    bad.write_bytes(b"not a tarball")
+    with pytest.raises(Exception):
+        patchset.create_tree_from_sdist(bad, tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
+    assert not list(tmp_path.glob(".vllm-src-*"))
+
+
+def test_shipped_series_is_well_formed():
+    entries = patchset.read_series()
+    assert entries, "the series must hold at least one patch"
+    for e in entries:
+        text = (patchset.PATCH_DIR / e.name).read_text()
+        assert text.startswith("From 0000000000000000000000000000000000000000"), \
+            f"{e.name} is not a `git format-patch --zero-commit` file"
+        assert "Signed-off-by:" in text, f"{e.name} lacks a DCO sign-off"
+

@@ -1,0 +1,453 @@
+"""The vLLM 0.34.0 fork: fetch the source, apply the patch series, record it.
+
+Standard library only: ``noxfile.py`` imports this before vLLM (or torch)
+exists in any environment.
+
+Layout of a prepared tree (default ``build/vllm-0.34.0``)::
+
+    <tree>/.git            baseline commit tagged v0.34.0 (the untouched source)
+                           branch kimi-ext = baseline + one commit per patch (git am)
+    <tree>/vllm/_kimi_ext_series.json   the applied-series record (git-ignored)
+
+The record lists the series in order with each patch file's sha256; the plugin
+compares it with the series shipped in this package (:mod:`vllm_kimi_ext.compat`)
+and refuses to run on a tree that differs.
+
+Every operation that changes the tree is atomic: on any failure the branch is
+reset to the baseline and no record is written, so a tree is either at the
+baseline or fully patched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+VLLM_VERSION = "0.34.0"
+SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
+SDIST_SHA256 = "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
+BASELINE_TAG = f"v{VLLM_VERSION}"
+FORK_BRANCH = "kimi-ext"
+RECORD_RELPATH = "vllm/_kimi_ext_series.json"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PATCH_DIR = REPO_ROOT / "patches" / f"vllm-{VLLM_VERSION}"
+# Fixed identity and dates make the baseline commit reproducible (same hash
+# on every machine), which keeps exported patches byte-stable.
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "vllm-kimi-ext",
+    "GIT_AUTHOR_EMAIL": "vllm-kimi-ext@localhost",
+    "GIT_COMMITTER_NAME": "vllm-kimi-ext",
+    "GIT_COMMITTER_EMAIL": "vllm-kimi-ext@localhost",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+00:00",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+00:00",
+}
+
+
+class PatchSetError(RuntimeError):
+    """A clear, user-facing failure of the fork tooling."""
+
+
+def _progress(msg: str) -> None:
+    print(f"[apply-patches] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- #
+# Series                                                                      #
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesEntry:
+    name: str
+    sha256: str
+
+
+def read_series(patch_dir: Path = PATCH_DIR) -> list[SeriesEntry]:
+    """Patches listed in ``series`` (comments and blank lines ignored), hashed."""
+    series = patch_dir / "series"
+    if not series.is_file():
+        raise PatchSetError(f"no series file at {series}")
+    out = []
+    for lineno, raw in enumerate(series.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        path = patch_dir / line
+        if not path.is_file():
+            raise PatchSetError(f"{series}:{lineno}: listed patch {line!r} does not exist")
+        out.append(SeriesEntry(line, hashlib.sha256(path.read_bytes()).hexdigest()))
+    names = [e.name for e in out]
+    if len(set(names)) != len(names):
+        raise PatchSetError(f"{series}: a patch is listed twice")
+    return out
+
+
+def series_record(entries: list[SeriesEntry]) -> dict:
+    return {
+        "vllm_version": VLLM_VERSION,
+        "series": [dataclasses.asdict(e) for e in entries],
+        "digest": hashlib.sha256(
+            "\n".join(f"{e.name} {e.sha256}" for e in entries).encode()).hexdigest(),
+    }
+
+
+def read_record(tree: Path) -> dict | None:
+    path = Path(tree) / RECORD_RELPATH
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PatchSetError(f"corrupt series record {path}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- #
+# git helpers                                                                  #
+# --------------------------------------------------------------------------- #
+
+
+def git(tree: Path, *args: str, check: bool = True, env: dict | None = None
+        ) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **_GIT_ENV, **(env or {})}
+    proc = subprocess.run(
+        ["git", "-c", f"safe.directory={Path(tree).resolve()}", "-c", "core.autocrlf=false",
+         "-c", "gc.auto=0", "-C", str(tree), *args],
+        capture_output=True, text=True, env=full_env)
+    if check and proc.returncode != 0:
+        raise PatchSetError(f"git {' '.join(args)} failed in {tree}:\n{proc.stderr.strip()}")
+    return proc
+
+
+def _exclude(tree: Path, pattern: str) -> None:
+    exclude = Path(tree) / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    lines = exclude.read_text().splitlines() if exclude.exists() else []
+    if pattern not in lines:
+        exclude.write_text("\n".join([*lines, pattern]) + "\n")
+
+
+# --------------------------------------------------------------------------- #
+# Getting the source                                                           #
+# --------------------------------------------------------------------------- #
+
+
+def _index_urls() -> list[str]:
+    urls = []
+    env = os.environ.get("PIP_INDEX_URL")
+    if env:
+        urls.append(env.rstrip("/"))
+    urls.append("https://pypi.org/simple")
+    return list(dict.fromkeys(urls))
+
+
+def _sdist_url() -> str:
+    errors = []
+    for base in _index_urls():
+        req = urllib.request.Request(f"{base}/vllm/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                data = json.load(resp)
+        except Exception as exc:  # noqa: BLE001 - try the next index
+            errors.append(f"{base}: {exc}")
+            continue
+        for f in data.get("files", []):
+            if f.get("filename") == SDIST_NAME:
+                return f["url"]
+        errors.append(f"{base}: no {SDIST_NAME} listed")
+    raise PatchSetError("cannot locate the vLLM sdist:\n  " + "\n  ".join(errors))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sdist(cache_dir: Path) -> Path:
+    """Download (or reuse) the vLLM sdist and verify its pinned sha256."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    dest = cache_dir / SDIST_NAME
+    if dest.is_file() and sha256_file(dest) == SDIST_SHA256:
+        return dest
+    url = _sdist_url()
+    _progress(f"downloading {SDIST_NAME}")
+    tmp = dest.with_suffix(".part")
+    with urllib.request.urlopen(url, timeout=300) as resp, open(tmp, "wb") as out:
+        total = int(resp.headers.get("Content-Length") or 0)
+        done = 0
+        while chunk := resp.read(1 << 20):
+            out.write(chunk)
+            done += len(chunk)
+            if total and sys.stderr.isatty():
+                print(f"\r  {done / 2**20:6.1f} / {total / 2**20:.1f} MiB", end="",
+                      file=sys.stderr)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    got = sha256_file(tmp)
+    if got != SDIST_SHA256:
+        tmp.unlink()
+        raise PatchSetError(
+            f"{SDIST_NAME} sha256 mismatch: expected {SDIST_SHA256}, got {got} (from {url})")
+    tmp.replace(dest)
+    return dest
+
+
+def _safe_members(tar: tarfile.TarFile, top: str):
+    for m in tar.getmembers():
+        if not m.name.startswith(top + "/"):
+            continue
+        m = m.replace(name=m.name[len(top) + 1:], uid=os.getuid(), gid=os.getgid(),
+                      uname="", gname="", deep=False)
+        if not m.name:
+            continue
+        yield m
+
+
+def create_tree_from_sdist(sdist: Path, tree: Path) -> None:
+    """Unpack the sdist into ``tree`` and commit it as the tagged baseline."""
+    if tree.exists():
+        raise PatchSetError(f"{tree} exists; remove it or pass --vllm-src")
+    staging = Path(tempfile.mkdtemp(prefix=".vllm-src-", dir=tree.parent))
+    try:
+        _progress(f"unpacking {sdist.name}")
+        with tarfile.open(sdist) as tar:
+            top = f"vllm-{VLLM_VERSION}"
+            tar.extractall(staging, members=_safe_members(tar, top), filter="data")
+        git(staging, "init", "-q", "-b", "baseline")
+        _exclude(staging, "/" + RECORD_RELPATH)
+        # the sdist ships build byproducts that a build regenerates
+        _exclude(staging, "*.egg-info/")
+        _exclude(staging, "/build/")
+        _exclude(staging, "__pycache__/")
+        git(staging, "add", "-A")
+        git(staging, "commit", "-q", "--no-verify", "-m",
+            f"vLLM {VLLM_VERSION} (registry sdist, sha256 {SDIST_SHA256[:16]}…)")
+        git(staging, "tag", BASELINE_TAG)
+        staging.rename(tree)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def detect_version(tree: Path) -> str:
+    """Best-effort version of a user's vLLM checkout, for error messages."""
+    proc = git(tree, "describe", "--tags", "--always", check=False)
+    if proc.returncode == 0 and proc.stdout.strip():
+        return proc.stdout.strip()
+    pkg = tree / "PKG-INFO"
+    if pkg.is_file():
+        m = re.search(r"^Version:\s*(\S+)", pkg.read_text(), re.M)
+        if m:
+            return m.group(1)
+    return "unknown"
+
+
+def check_user_tree(tree: Path) -> None:
+    """A ``--vllm-src`` checkout must be a git repo with tag v0.34.0."""
+    if not (tree / ".git").exists():
+        raise PatchSetError(f"--vllm-src {tree}: not a git checkout of vLLM")
+    if not (tree / "vllm" / "__init__.py").is_file():
+        raise PatchSetError(f"--vllm-src {tree}: no vllm/ package inside")
+    proc = git(tree, "rev-parse", "-q", "--verify", f"{BASELINE_TAG}^{{commit}}", check=False)
+    if proc.returncode != 0:
+        raise PatchSetError(
+            f"--vllm-src {tree}: vLLM {VLLM_VERSION} required (tag {BASELINE_TAG} not found); "
+            f"found {detect_version(tree)}")
+    status = git(tree, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    if status:
+        raise PatchSetError(
+            f"--vllm-src {tree}: uncommitted changes to tracked files; commit or stash them:\n"
+            + status)
+    _exclude(tree, "/" + RECORD_RELPATH)
+
+
+# --------------------------------------------------------------------------- #
+# Applying, checking, exporting                                                #
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class ApplyResult:
+    changed: bool
+    applied: list[str]
+
+
+_HUNK_RE = re.compile(r"^error: (patch failed: .+|.+: does not exist in index|.+: patch does "
+                      r"not apply|corrupt patch at line \d+)$", re.M)
+
+
+def _describe_failure(out: str) -> str:
+    lines = [m.group(1) for m in _HUNK_RE.finditer(out)]
+    return "; ".join(lines) if lines else out.strip().splitlines()[-1] if out.strip() else "?"
+
+
+def _am_series(tree: Path, entries: list[SeriesEntry], patch_dir: Path) -> None:
+    """``git am`` each patch in order on the checked-out branch; raise naming the
+    first that fails (the caller restores the baseline)."""
+    for i, e in enumerate(entries, 1):
+        proc = git(tree, "am", "--quiet", "--keep-cr", "--keep-non-patch",
+                   str(patch_dir / e.name), check=False)
+        if proc.returncode != 0:
+            detail = _describe_failure(proc.stdout + "\n" + proc.stderr)
+            git(tree, "am", "--abort", check=False)
+            raise PatchSetError(f"patch {i}/{len(entries)} {e.name} does not apply: {detail}")
+
+
+def _reset_to_baseline(tree: Path) -> None:
+    git(tree, "am", "--abort", check=False)
+    git(tree, "checkout", "-q", "-f", "-B", FORK_BRANCH, BASELINE_TAG)
+    git(tree, "clean", "-q", "-fd")
+    rec = tree / RECORD_RELPATH
+    if rec.exists():
+        rec.unlink()
+
+
+def tree_is_applied(tree: Path, entries: list[SeriesEntry]) -> bool:
+    """True when the record matches the series and the branch is exactly
+    baseline + one commit per patch with a clean work tree."""
+    rec = read_record(tree)
+    if rec is None or rec.get("digest") != series_record(entries)["digest"]:
+        return False
+    head = git(tree, "rev-parse", "--abbrev-ref", "HEAD", check=False).stdout.strip()
+    if head != FORK_BRANCH:
+        return False
+    n = git(tree, "rev-list", "--count", f"{BASELINE_TAG}..HEAD", check=False).stdout.strip()
+    dirty = git(tree, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return n == str(len(entries)) and not dirty
+
+
+def apply_series(tree: Path, patch_dir: Path = PATCH_DIR) -> ApplyResult:
+    """Bring ``tree`` to baseline + series. Idempotent and atomic."""
+    entries = read_series(patch_dir)
+    if tree_is_applied(tree, entries):
+        _progress(f"{len(entries)} patch(es) already applied; nothing to do")
+        return ApplyResult(False, [e.name for e in entries])
+    _reset_to_baseline(tree)
+    try:
+        _am_series(tree, entries, patch_dir)
+    except BaseException:
+        _reset_to_baseline(tree)
+        raise
+    (tree / RECORD_RELPATH).write_text(json.dumps(series_record(entries), indent=2) + "\n")
+    for e in entries:
+        _progress(f"applied {e.name}")
+    return ApplyResult(True, [e.name for e in entries])
+
+
+def check_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
+    """Dry run: apply the series in a throw-away worktree at the baseline."""
+    entries = read_series(patch_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="kimi-ext-check-"))
+    wt = scratch / "wt"
+    try:
+        git(tree, "worktree", "add", "-q", "--detach", str(wt), BASELINE_TAG)
+        _am_series(wt, entries, patch_dir)
+        return [e.name for e in entries]
+    finally:
+        git(tree, "worktree", "remove", "--force", str(wt), check=False)
+        git(tree, "worktree", "prune", check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def export_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
+    """Regenerate the patch files and ``series`` from the fork branch commits.
+
+    Files are written only when their content changes, so exporting an
+    unmodified branch is a no-op (the round trip is byte-stable).
+    """
+    n = int(git(tree, "rev-list", "--count", f"{BASELINE_TAG}..{FORK_BRANCH}").stdout)
+    scratch = Path(tempfile.mkdtemp(prefix="kimi-ext-export-"))
+    try:
+        git(tree, "format-patch", "-q", "--zero-commit", "--no-signature", "--full-index",
+            "--abbrev=12", "-o", str(scratch), f"{BASELINE_TAG}..{FORK_BRANCH}")
+        produced = sorted(p.name for p in scratch.glob("*.patch"))
+        if len(produced) != n:
+            raise PatchSetError(f"format-patch produced {len(produced)} files for {n} commits")
+        patch_dir.mkdir(parents=True, exist_ok=True)
+        old = {p.name for p in patch_dir.glob("*.patch")}
+        for name in produced:
+            new = (scratch / name).read_bytes()
+            dest = patch_dir / name
+            if not dest.exists() or dest.read_bytes() != new:
+                dest.write_bytes(new)
+                _progress(f"wrote {dest.relative_to(REPO_ROOT) if dest.is_relative_to(REPO_ROOT) else dest}")
+        for stale in sorted(old - set(produced)):
+            (patch_dir / stale).unlink()
+            _progress(f"removed {stale} (no longer on {FORK_BRANCH})")
+        series = patch_dir / "series"
+        header = "# vLLM 0.34.0 patch series, applied in order with `git am`.\n" \
+                 "# Regenerate with `nox -s apply-patches -- --export`.\n"
+        text = header + "".join(f"{name}\n" for name in produced)
+        if not series.exists() or series.read_text() != text:
+            series.write_text(text)
+        # the tree now holds exactly this series
+        (tree / RECORD_RELPATH).write_text(
+            json.dumps(series_record(read_series(patch_dir)), indent=2) + "\n")
+        return produced
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- #
+# Installing                                                                   #
+# --------------------------------------------------------------------------- #
+
+#: Build-time requirements for a --no-build-isolation install of vLLM's setup.py.
+BUILD_REQUIREMENTS = (
+    "setuptools>=77,<81",
+    "setuptools-scm>=8",
+    "setuptools-rust>=1.9",
+    "wheel",
+    "packaging",
+    "jinja2",
+)
+
+
+def build_env(*, cuda_available: bool, precompiled_wheel: str | None = None,
+              base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for ``pip install -e <tree>``.
+
+    * No CUDA: a Python-only build (``VLLM_TARGET_DEVICE=empty``): no compiled
+      extensions, no CUDA wheels; vLLM's CPU platform is then selected at run
+      time with ``VLLM_TARGET_DEVICE=cpu``.
+    * CUDA: vLLM's own precompiled path — its setup.py takes the kernels from a
+      vLLM 0.34.0 binary wheel (``VLLM_PRECOMPILED_WHEEL_LOCATION``, a local
+      file or URL) instead of compiling them.
+    The version is pinned through setuptools-scm (the tree's git history has
+    only our baseline) and the local-version suffix is suppressed, so pip sees
+    plain ``0.34.0``.
+    """
+    env = dict(base or {})
+    env["SETUPTOOLS_SCM_PRETEND_VERSION"] = VLLM_VERSION
+    env["VLLM_SKIP_VERSION_SUFFIX"] = "1"
+    env["VLLM_SKIP_PRECOMPILED_VERSION_SUFFIX"] = "1"
+    if cuda_available:
+        if not precompiled_wheel:
+            raise PatchSetError(
+                "a CUDA build needs the vLLM 0.34.0 binary wheel for its kernels: pass "
+                "--precompiled-wheel PATH (e.g. from `pip download --no-deps vllm==0.34.0`)")
+        name = Path(precompiled_wheel).name
+        if not name.startswith(f"vllm-{VLLM_VERSION}-"):
+            raise PatchSetError(
+                f"--precompiled-wheel {name}: expected a vllm-{VLLM_VERSION}-*.whl")
+        env["VLLM_TARGET_DEVICE"] = "cuda"
+        env["VLLM_USE_PRECOMPILED"] = "1"
+        env["VLLM_PRECOMPILED_WHEEL_LOCATION"] = str(precompiled_wheel)
+    else:
+        env["VLLM_TARGET_DEVICE"] = "empty"
+        env.pop("VLLM_USE_PRECOMPILED", None)
+        env.pop("VLLM_PRECOMPILED_WHEEL_LOCATION", None)
+    return env
