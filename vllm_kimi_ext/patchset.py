@@ -371,7 +371,8 @@ def export_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
     n = int(git(tree, "rev-list", "--count", f"{BASELINE_TAG}..{FORK_BRANCH}").stdout)
     scratch = Path(tempfile.mkdtemp(prefix="kimi-ext-export-"))
     try:
-        git(tree, "format-patch", "-q", "--zero-commit", "--no-signature", "--full-index",
+        git(tree, "format-patch", "-q", "--no-numbered", "--zero-commit", "--no-signature",
+            "--full-index",
             "--abbrev=12", "-o", str(scratch), f"{BASELINE_TAG}..{FORK_BRANCH}")
         produced = sorted(p.name for p in scratch.glob("*.patch"))
         if len(produced) != n:

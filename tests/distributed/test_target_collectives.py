@@ -10,15 +10,10 @@ from vllm_kimi_ext.testing.tp_scenarios import count_discrepancies
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
-ROWS = 4
 
-
-@pytest.fixture(scope="module")
-def tp2_results(tiny_kimi_dir):
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.tp_scenarios import target_pass_collectives
-
-    return run_tp(target_pass_collectives, 2, str(tiny_kimi_dir), ROWS)
+@pytest.fixture()
+def tp2_results(tp2_target_results):
+    return tp2_target_results
 
 
 def test_target_pass_counts_match_config(tp2_results):

@@ -75,6 +75,7 @@ def target_pass_collectives(rank: int, model_dir: str, rows: int) -> dict:
         return cc.summary(), logits[0, :16].float().tolist()
 
     clean, logits_row0 = one_pass()
+    local = _local_logits_check(model, cfg, ids, rows)
     planted_patch = _plant_extra_all_reduce()
     try:
         planted, _ = one_pass()
@@ -86,6 +87,37 @@ def target_pass_collectives(rank: int, model_dir: str, rows: int) -> dict:
         "expected": expected_target_pass(cfg.model_config.hf_text_config, tp, rows),
         "unwritten": report.unwritten,
         "logits_row0": logits_row0,
+        "local": local,
+    }
+
+
+def _local_logits_check(model, cfg, ids, rows) -> dict:
+    """Patch 0002: ``compute_logits_local`` returns this rank's vocab shard of
+    the gathered logits, with no collective."""
+    import torch
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    from vllm_kimi_ext.comm import CollectiveCounter
+    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
+
+    if not hasattr(model, "compute_logits_local"):
+        return {"available": False}
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.gpu.sample.batch_shard import batch_sharded_sampling_enabled
+
+    hidden = run_forward(model, cfg, ids, torch.arange(rows))
+    full = compute_logits(model, cfg, hidden)
+    with CollectiveCounter() as cc, set_current_vllm_config(cfg), torch.no_grad():
+        local = model.compute_logits_local(hidden)
+    rank = get_tensor_model_parallel_rank()
+    width = local.shape[-1]
+    cfg.parallel_config.enable_batch_sharded_sampling = True
+    return {
+        "available": True,
+        "collectives": len(cc.calls),
+        "shape": tuple(local.shape),
+        "matches_slice": bool(torch.equal(local, full[:, rank * width:(rank + 1) * width])),
+        "batch_sharded_enabled": batch_sharded_sampling_enabled(cfg, model),
     }
 
 
