@@ -1,0 +1,34 @@
+"""The committed docs generated from the cost model are up to date, and say it is a model."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from vllm_kimi_ext.costmodel.report import generated_docs, markdown_report, write_docs
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_committed_docs_are_up_to_date(tmp_path):
+    # regenerate from a copy of the hand-written parts and compare with what is committed
+    shutil.copy(DOCS / "cost-model.md", tmp_path / "cost-model.md")
+    write_docs(tmp_path)
+    for name in ("what-to-run.md", "cost-model.md"):
+        assert (tmp_path / name).read_text() == (DOCS / name).read_text(), (
+            f"docs/{name} is stale: run python -m vllm_kimi_ext.costmodel.report "
+            "--write-docs docs/")
+    assert set(p.name for p in generated_docs(DOCS)) == {"what-to-run.md", "cost-model.md"}
+
+
+def test_what_to_run_carries_the_caveat():
+    text = (DOCS / "what-to-run.md").read_text()
+    assert text.startswith("# What to run on 8x PCIe")
+    assert "This is a model until the real box confirms it" in text
+
+
+def test_markdown_report_for_the_bench_session(tmp_path):
+    text = markdown_report(tmp_path, drafts=["lightseek-eagle3"], name="plan")
+    assert "**Recommendation**" in text and "![tokens/s" in text
+    assert (tmp_path / "plan.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "plan.md").read_text() == text
