@@ -38,7 +38,11 @@ BUILD_DIR = ROOT / "build"
 DEFAULT_TREE = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}"
 TREE_POINTER = BUILD_DIR / "vllm-src"  # records which tree apply-patches used
 TORCH_PIN = "torch==2.13.0"  # vLLM 0.34.0 pins 2.14.0 for CUDA; 2.13.0 runs it on CPU
-TEST_REQUIREMENTS = ["pytest>=8", "pytest-benchmark>=4", "scipy", "matplotlib", "tiktoken"]
+# What vLLM's own tests import beyond vLLM's runtime requirements (its conftest
+# uses tblib; async tests need pytest-asyncio; a timeout guards hangs).
+UPSTREAM_TEST_REQUIREMENTS = ["tblib", "pytest-asyncio", "pytest-timeout"]
+# No model hub here: fail fast instead of retrying with back-off.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def _py() -> str:
@@ -162,26 +166,42 @@ def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
 @nox.session
 def test(session: nox.Session) -> None:
     """The project's CPU tier (GPU tests skip cleanly without a GPU)."""
-    _pytest(session, "tests", "-m", "not slow", *session.posargs)
+    _pytest(session, "tests", "-m", "not slow", *session.posargs, env=OFFLINE_ENV)
 
 
 @nox.session(name="test-all", default=False)
 def test_all(session: nox.Session) -> None:
     """Every tier this machine can run, slow tests included."""
-    _pytest(session, "tests", *session.posargs)
+    _pytest(session, "tests", *session.posargs, env=OFFLINE_ENV)
 
 
 @nox.session(name="upstream-tests", default=False)
 def upstream_tests(session: nox.Session) -> None:
-    """vLLM 0.34.0's own spec-decode and sampler tests, run on the patched tree."""
+    """vLLM 0.34.0's own spec-decode and sampler tests, run on the patched tree.
+
+    ``-- --stock`` runs the same selection on the unpatched baseline instead (a
+    git worktree at tag v0.34.0 put first on PYTHONPATH), to compare counts.
+    """
     tree = _tree()
     if not tree.exists():
         session.error("no vLLM tree: run `nox -s apply-patches` first")
+    _require_env(session)
+    _pip(session, *UPSTREAM_TEST_REQUIREMENTS)
+    args = list(session.posargs)
+    env = dict(OFFLINE_ENV)
+    if "--stock" in args:
+        args.remove("--stock")
+        stock = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}-stock"
+        if not stock.exists():
+            patchset.git(tree, "worktree", "add", "-q", "--detach", str(stock),
+                         patchset.BASELINE_TAG)
+        tree, env["PYTHONPATH"] = stock, str(stock)
+        session.log(f"running on the stock baseline {stock}")
     session.chdir(tree)
     _pytest(session, "-p", "vllm_kimi_ext.testing.upstream_deselect",
             "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
-            "-q", "-o", "addopts=", "--rootdir", str(tree), *session.posargs,
-            env={"VLLM_KIMI_EXT_UPSTREAM_TREE": str(tree)})
+            "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--timeout", "300",
+            "--rootdir", str(tree), *args, env=env)
 
 
 @nox.session(default=False)
