@@ -66,7 +66,9 @@ def _collective_patches(count_every: int) -> list[type[Patch]]:
 
 def apply_all(*, count_every: int = 0) -> list[str]:
     """Apply the plugin's runtime patches; returns the names applied now."""
-    patches: list[type[Patch]] = []
+    from vllm_kimi_ext.drafts import hook as draft_hook
+
+    patches: list[type[Patch]] = list(draft_hook.config_check_patches())
     if count_every:
         patches += _collective_patches(count_every)
     applied = [p.__name__ for p in patches if p.apply()]

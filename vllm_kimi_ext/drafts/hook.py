@@ -1,0 +1,106 @@
+"""Configuration-time draft checks inside vLLM (plugin side).
+
+:func:`check_speculative_config` runs :mod:`~vllm_kimi_ext.drafts.doctor` on a
+built ``VllmConfig``: errors raise (nothing is served), warnings are logged.
+The seam is ``VllmConfig._limit_max_model_len_to_draft``, which
+``VllmConfig.__post_init__`` calls once the speculative config (draft model
+config included) exists and *before* vLLM lowers ``max_model_len`` to the
+draft's, so the context-cap warning can name the length the user asked for.
+
+Call :func:`apply` from ``runtime_patches.apply_all``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from vllm_kimi_ext.patching import Patch
+
+logger = logging.getLogger("vllm_kimi_ext")
+
+CHECKED_METHODS = ("eagle3", "dflash", "mtp")
+_patch_classes: list[type[Patch]] = []
+
+
+def _local_dir(name: str | None) -> Path | None:
+    if not name:
+        return None
+    path = Path(name)
+    if path.is_dir():
+        return path
+    try:  # a hub id already in the local cache; never downloads
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached / no hub client: skip the check
+        return None
+
+
+def _check_draft_tokenizer(model_config, draft_model_config) -> None:
+    """``draft_model`` drafts: refuse a tokenizer that would change what the
+    target's ids mean (vLLM 0.34.0 only compares vocab sizes)."""
+    from vllm_kimi_ext.tokenizers.check import refuse_if_incompatible
+
+    target = _local_dir(getattr(model_config, "tokenizer", None) or model_config.model)
+    draft = _local_dir(getattr(draft_model_config, "tokenizer", None)
+                       or draft_model_config.model)
+    if target is None or draft is None or not (target / "tiktoken.model").is_file() \
+            or not (draft / "tiktoken.model").is_file():
+        logger.info("vllm-kimi-ext tokenizer check skipped: no local Kimi-format "
+                    "tokenizer (tiktoken.model) in both %s and %s",
+                    model_config.model, draft_model_config.model)
+        return
+    refuse_if_incompatible(target, draft)
+
+
+def check_speculative_config(vllm_config) -> None:
+    """Run the draft checks for ``vllm_config``; raise ``ValueError`` on errors."""
+    from .doctor import diagnose, raise_on_errors
+
+    spec = getattr(vllm_config, "speculative_config", None)
+    model_config = getattr(vllm_config, "model_config", None)
+    if spec is None or model_config is None:
+        return
+    method = spec.method
+    if method == "draft_model" and spec.draft_model_config is not None:
+        _check_draft_tokenizer(model_config, spec.draft_model_config)
+        return
+    if method not in CHECKED_METHODS or spec.draft_model_config is None:
+        return
+    target = _local_dir(model_config.model)
+    draft = _local_dir(spec.draft_model_config.model)
+    if target is None or draft is None:
+        logger.info("vllm-kimi-ext draft check skipped: %s / %s is not a local directory",
+                    model_config.model, spec.draft_model_config.model)
+        return
+    report = diagnose(target, draft, method=method,
+                      served_max_model_len=model_config.max_model_len)
+    raise_on_errors(report, logger)
+
+
+def config_check_patches() -> list[type[Patch]]:
+    """The runtime patch that runs :func:`check_speculative_config`."""
+    if _patch_classes:
+        return _patch_classes
+    from vllm.config import VllmConfig
+
+    class CheckDraftAtConfigTime(Patch[VllmConfig]):
+        def _limit_max_model_len_to_draft(self) -> None:
+            if os.environ.get("VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "") not in ("1", "true"):
+                check_speculative_config(self)
+            return CheckDraftAtConfigTime.original("_limit_max_model_len_to_draft")(self)
+
+    _patch_classes.append(CheckDraftAtConfigTime)
+    return _patch_classes
+
+
+def apply() -> list[str]:
+    """Apply the config-time draft check; returns the patch names applied now."""
+    return [p.__name__ for p in config_check_patches() if p.apply()]
+
+
+def revert() -> None:
+    for p in _patch_classes:
+        p.revert()
