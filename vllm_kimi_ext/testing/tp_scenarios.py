@@ -76,6 +76,7 @@ def target_pass_collectives(rank: int, model_dir: str, rows: int) -> dict:
 
     clean, logits_row0 = one_pass()
     local = _local_logits_check(model, cfg, ids, rows)
+    verify = sharded_verify_on_model(model, cfg)
     planted_patch = _plant_extra_all_reduce()
     try:
         planted, _ = one_pass()
@@ -88,6 +89,7 @@ def target_pass_collectives(rank: int, model_dir: str, rows: int) -> dict:
         "unwritten": report.unwritten,
         "logits_row0": logits_row0,
         "local": local,
+        "verify": verify,
     }
 
 
@@ -136,3 +138,71 @@ def _plant_extra_all_reduce():
 
     ExtraAllReduceInMLP.apply()
     return ExtraAllReduceInMLP
+
+
+def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
+    """Verification of a speculative step on the real tiny Kimi-K2.5 at TP=world.
+
+    Target hidden states for 3 requests × (3 drafts + bonus) rows; drafts are a
+    mix of the target's argmax (accepted under greedy) and other tokens. The
+    vocab-sharded verifier works from ``compute_logits_local`` and exchanges
+    statistics through vLLM's TP group (``GroupCoordinator.all_gather``, so the
+    collective counter sees it, in phase "verify"); the reference verifier runs
+    on the gathered full logits. Also runs a top-p step, which must be planned
+    as a counted fallback.
+    """
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
+
+    from vllm_kimi_ext.comm import CollectiveCounter
+    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
+    from vllm_kimi_ext.verify import (
+        FallbackCounter,
+        ReferenceVerifier,
+        VerifyBatch,
+        VocabShardedVerifier,
+        plan_verification,
+    )
+    from vllm_kimi_ext.verify.sharded import group_coordinator_all_gather
+
+    vocab = cfg.model_config.get_vocab_size()
+    num_reqs, k = 3, 3
+    rows = num_reqs * (k + 1)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows,), generator=gen)
+    hidden = run_forward(model, cfg, ids, torch.arange(rows))
+    full = compute_logits(model, cfg, hidden)[:, :vocab]
+    with set_current_vllm_config(cfg), torch.no_grad():
+        local = model.compute_logits_local(hidden)
+    argmax = full.float().argmax(dim=-1).view(num_reqs, k + 1)
+    drafts = argmax[:, :k].clone()
+    drafts[1, 1] = (drafts[1, 1] + 1) % vocab  # a rejection in the middle of request 1
+    drafts[2, 0] = (drafts[2, 0] + 7) % vocab  # and at the first draft of request 2
+    temperature = [0.0, 0.7, 1.3]
+    seeds = [11, 22, 33]
+    params = [{"temperature": t} for t in temperature]
+    tp = get_tp_group().world_size
+    fallbacks = FallbackCounter()
+    plan = plan_verification(params, tp_size=tp, vocab_size=vocab, counter=fallbacks)
+    batch = VerifyBatch.from_draft_tokens(drafts, temperature, seeds)
+    verifier = VocabShardedVerifier(vocab, tp, get_tensor_model_parallel_rank(),
+                                    group_coordinator_all_gather(get_tp_group()),
+                                    shard_width=local.shape[-1])
+    with CollectiveCounter() as cc, cc.phase("verify"):
+        out = verifier.verify(local, batch)
+    ref = ReferenceVerifier(vocab).verify(full, batch)
+    top_p_plan = plan_verification([{"temperature": 1.0, "top_p": 0.9}], tp_size=tp,
+                                   vocab_size=vocab, counter=fallbacks)
+    return {
+        "plan_collectives": plan.num_collectives,
+        "counted": cc.summary(),
+        "rows": rows,
+        "sharded_tokens": out.tokens(),
+        "reference_tokens": ref.tokens(),
+        "num_sampled": out.num_sampled.tolist(),
+        "reference_num_sampled": ref.num_sampled.tolist(),
+        "stock_gather_bytes_per_rank": rows * local.shape[-1] * local.element_size(),
+        "top_p_fallback": getattr(top_p_plan, "reason", None),
+        "fallbacks": fallbacks.as_dict(),
+    }
