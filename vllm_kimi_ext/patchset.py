@@ -228,11 +228,16 @@ def create_tree_from_sdist(sdist: Path, tree: Path) -> None:
             tar.extractall(staging, members=_safe_members(tar, top), filter="data")
         git(staging, "init", "-q", "-b", "baseline")
         _exclude(staging, "/" + RECORD_RELPATH)
-        # the sdist ships build byproducts that a build regenerates
         _exclude(staging, "*.egg-info/")
         _exclude(staging, "/build/")
         _exclude(staging, "__pycache__/")
-        git(staging, "add", "-A")
+        # The baseline is the sdist exactly: force-add, because the sdist ships
+        # files that vLLM's own .gitignore excludes (generated modules such as
+        # vllm/_version.py); a worktree of the baseline would lack them. Only
+        # the egg-info metadata, which every build regenerates, is left out.
+        for info in staging.glob("*.egg-info"):
+            shutil.rmtree(info)
+        git(staging, "add", "-A", "--force")
         git(staging, "commit", "-q", "--no-verify", "-m",
             f"vLLM {VLLM_VERSION} (registry sdist, sha256 {SDIST_SHA256[:16]}…)")
         git(staging, "tag", BASELINE_TAG)

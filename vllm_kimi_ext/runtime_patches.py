@@ -71,6 +71,10 @@ def apply_all(*, count_every: int = 0) -> list[str]:
     patches: list[type[Patch]] = list(draft_hook.config_check_patches())
     if count_every:
         patches += _collective_patches(count_every)
+    from vllm_kimi_ext.verify import vllm_runner
+
+    if vllm_runner.enabled():
+        patches += vllm_runner.patches()
     applied = [p.__name__ for p in patches if p.apply()]
     if applied:
         logger.info("vllm-kimi-ext runtime patches: %s", ", ".join(applied))

@@ -65,3 +65,25 @@ def test_vllm_is_pinned_version():
     from vllm_kimi_ext import PINNED_VLLM_VERSION
 
     assert vllm.__version__.split("+")[0] == PINNED_VLLM_VERSION
+
+
+def test_sharded_verify_runner_hooks():
+    """vllm_kimi_ext.verify.vllm_runner relies on these 0.34.0 internals."""
+    import dataclasses
+
+    from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected  # noqa: F401
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.sample.states import SamplingStates
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import gather_draft_sampled  # noqa
+
+    assert list(inspect.signature(GPUModelRunner.sample).parameters) == [
+        "self", "hidden_states", "input_batch", "grammar_output"]
+    assert list(inspect.signature(Sampler.add_request).parameters) == [
+        "self", "req_idx", "sampling_params"]
+    fields = {f.name for f in dataclasses.fields(SamplerOutput)}
+    assert {"sampled_token_ids", "num_sampled", "num_rejected", "logprobs_tensors"} <= fields
+    src = inspect.getsource(SamplingStates.__init__)
+    for name in ("temperature", "top_k", "top_p", "min_p", "seeds"):
+        assert f"self.{name} =" in src

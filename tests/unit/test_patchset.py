@@ -197,3 +197,28 @@ def test_shipped_series_is_well_formed():
             f"{e.name} is not a `git format-patch --zero-commit` file"
         assert "Signed-off-by:" in text, f"{e.name} lacks a DCO sign-off"
 
+
+
+def test_sdist_baseline_tracks_files_vllm_gitignores(tmp_path):
+    """Files the sdist ships but vLLM's .gitignore excludes (e.g. vllm/_version.py)
+    are part of the baseline, so worktrees and --check trees have them."""
+    import io
+    import tarfile
+
+    top = f"vllm-{patchset.VLLM_VERSION}"
+    files = {f"{top}/.gitignore": b"vllm/_version.py\n",
+             f"{top}/vllm/__init__.py": b"",
+             f"{top}/vllm/_version.py": b"__version__ = '0.34.0'\n",
+             f"{top}/vllm.egg-info/PKG-INFO": b"Version: 0.34.0\n"}
+    sdist = tmp_path / patchset.SDIST_NAME
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    tree = tmp_path / "tree"
+    patchset.create_tree_from_sdist(sdist, tree)
+    tracked = _git(tree, "ls-files").splitlines()
+    assert "vllm/_version.py" in tracked
+    assert not any(t.startswith("vllm.egg-info") for t in tracked)
+    assert _git(tree, "describe", "--tags") == patchset.BASELINE_TAG
