@@ -1,0 +1,158 @@
+"""Statistical exactness: the first emitted token is distributed as the target p.
+
+Speculative sampling is lossless: whatever the draft proposes, the first token
+a request emits (the accepted draft or the recovered token) follows the
+target distribution ``p`` of row 0. For each mode, 100,000 requests (one per
+seed, all in one batch) over a small vocabulary are verified and the first
+tokens' histogram is compared with ``p`` by Pearson's chi-square test.
+
+Threshold: the correct verifier must reach a p-value >= ``ALPHA = 1e-4``; a
+deliberately wrong verifier (recovered token sampled from ``p`` instead of the
+residual, or acceptance with ``p(x)`` instead of ``min(1, p(x)/q(x))``) must
+fail the same test (p-value < ``ALPHA``; in practice its statistic is in the
+thousands). Seeds are fixed, so the outcome is deterministic. Both the
+reference and the sharded verifier (TP=4, V=18: the last shard is padded) are
+checked.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, VocabShardedVerifier
+from vllm_kimi_ext.verify.simulate import simulate_sharded_verify
+from vllm_kimi_ext.verify.testing_utils import chi_square
+
+N = 100_000
+V = 18
+TP = 4
+ALPHA = 1e-4
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Small tensors: one intra-op thread is as fast and immune to CPU contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+# --- deliberately wrong verifiers --------------------------------------------
+class RefRecoverFromP(ReferenceVerifier):
+    exclude_rejected_draft = False
+
+
+class ShardRecoverFromP(VocabShardedVerifier):
+    exclude_rejected_draft = False
+
+
+class RefAcceptWithP(ReferenceVerifier):
+    def _log_accept_ratio(self, s_x, logq_x, lse):
+        return s_x - lse
+
+
+class ShardAcceptWithP(VocabShardedVerifier):
+    def _owner_accept_numerator(self, s_x, logq_x):
+        return s_x
+
+
+# --- modes -------------------------------------------------------------------
+def _target_logits():
+    g = torch.Generator().manual_seed(2024)
+    return torch.randn(V, generator=g) * 1.5
+
+
+@functools.lru_cache(maxsize=2)
+def _mode(name):
+    """Returns (logits [2N, V], batch, draft_probs or None, expected p, wrong verifiers)."""
+    z0 = _target_logits()
+    g = torch.Generator().manual_seed(MODE_SEEDS[name])
+    temp, top_k, min_p, probabilistic = 1.0, 0, 0.0, False
+    if name == "onehot":
+        pass
+    elif name == "temperature":
+        temp = 0.6
+    elif name == "top_k":
+        top_k = 5
+    elif name == "min_p":
+        min_p = 0.15
+    elif name == "probabilistic":
+        probabilistic = True
+    elif name == "probabilistic_t17_topk":
+        probabilistic, temp, top_k = True, 1.7, 8
+    else:
+        raise KeyError(name)
+    s = z0 / temp
+    if min_p:
+        s = torch.where(s < s.max() + torch.log(torch.tensor(min_p)), float("-inf"), s)
+    if top_k:
+        kth = torch.topk(s, top_k).values[-1]
+        s = torch.where(s < kth, float("-inf"), s)
+    p = torch.softmax(s, dim=0)
+    # draft distribution: a perturbed, flattened target (mass on masked tokens too)
+    q0 = torch.softmax(z0 * 0.7 + torch.randn(V, generator=g), dim=0)
+    x = torch.multinomial(q0, N, replacement=True, generator=g)
+    logits = z0[None, :].expand(2 * N, V).contiguous()
+    batch = VerifyBatch.from_draft_tokens(
+        x[:, None], torch.full((N,), temp), torch.arange(N) * 7919 + 17,
+        top_k=torch.full((N,), top_k), min_p=torch.full((N,), min_p))
+    q = q0[None, :].expand(2 * N, V).contiguous() if probabilistic else None
+    wrong = (RefAcceptWithP, ShardAcceptWithP) if probabilistic else (
+        RefRecoverFromP, ShardRecoverFromP)
+    return logits, batch, q, p, wrong
+
+
+MODES = ["onehot", "temperature", "top_k", "min_p", "probabilistic", "probabilistic_t17_topk"]
+MODE_SEEDS = {m: 101 + 7 * i for i, m in enumerate(MODES)}
+
+
+def _first_token_counts(out):
+    first = out.sampled[:, 0]
+    assert bool((first >= 0).all()) and bool((first < V).all())
+    return torch.bincount(first, minlength=V)
+
+
+def _run(kind, cls, logits, batch, q):
+    if kind == "reference":
+        return cls(V).verify(logits, batch, q)
+    out, _, _ = simulate_sharded_verify(logits, batch, TP, V, q, verifier_cls=cls,
+                                        pad_value=1e30)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["reference", "sharded"])
+@pytest.mark.parametrize("mode", MODES)
+def test_first_token_matches_target(mode, kind):
+    logits, batch, q, p, wrong = _mode(mode)
+    good_cls = ReferenceVerifier if kind == "reference" else VocabShardedVerifier
+    bad_cls = wrong[0] if kind == "reference" else wrong[1]
+
+    counts = _first_token_counts(_run(kind, good_cls, logits, batch, q))
+    assert int(counts[p == 0].sum()) == 0, "a masked token was emitted"
+    stat, pval, dof = chi_square(counts, p)
+    assert pval >= ALPHA, f"{mode}/{kind}: chi2={stat:.1f} dof={dof} p={pval:.2e}"
+
+    bad_counts = _first_token_counts(_run(kind, bad_cls, logits, batch, q))
+    bstat, bpval, _ = chi_square(bad_counts, p)
+    assert bpval < ALPHA, f"wrong verifier passed: chi2={bstat:.1f} p={bpval:.2e}"
+    assert bstat > 10 * stat
+
+
+def test_greedy_draft_acceptance_rate_is_p_of_draft():
+    """One-hot drafts: P(accept x) = p(x) (checked per draft token, binomial z-score)."""
+    logits, batch, _, p, _ = _mode("onehot")
+    out = ReferenceVerifier(V).verify(logits, batch)
+    x = batch.draft_token_ids.view(N, 2)[:, 0]
+    acc = (out.num_sampled == 2).double()
+    for t in range(V):
+        m = x == t
+        n = int(m.sum())
+        if n < 500:
+            continue
+        rate = float(acc[m].mean())
+        sd = (float(p[t]) * (1 - float(p[t])) / n) ** 0.5
+        assert abs(rate - float(p[t])) < 5 * sd + 1e-9, (t, rate, float(p[t]))

@@ -1,0 +1,302 @@
+"""Batch layout shared by the reference and the vocabulary-sharded verifier.
+
+Layout (the same flattened layout vLLM's rejection sampler uses): request ``i``
+owns logits rows ``cu_num_rows[i] .. cu_num_rows[i+1]-1``: one row per draft
+token (the target's distribution at that draft position) followed by one bonus
+row. ``draft_token_ids[j]`` is the draft token verified against row ``j``; the
+entry of a bonus row is ignored, and ``-1`` marks a placeholder draft that must
+be rejected (as in vLLM).
+
+Output: ``sampled [num_reqs, max_k + 1]`` (accepted draft tokens, then the
+recovered or bonus token, padded with ``-1``) and ``num_sampled [num_reqs]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class VerifyBatch:
+    """Per-request verification inputs (everything except the logits)."""
+
+    #: int64 ``[num_reqs + 1]``: row offsets (each request has ``k_i + 1 >= 1`` rows).
+    cu_num_rows: torch.Tensor
+    #: int64 ``[num_rows]``: draft token verified at each row (bonus rows: ignored).
+    draft_token_ids: torch.Tensor
+    #: float32 ``[num_reqs]``: 0 means greedy.
+    temperature: torch.Tensor
+    #: int64 ``[num_reqs]``: per-request seed of the counter-based noise.
+    seeds: torch.Tensor
+    #: int64 ``[num_reqs]`` or None; ``<= 0`` or ``>= vocab`` means off.
+    top_k: torch.Tensor | None = None
+    #: float32 ``[num_reqs]`` or None; 0 means off.
+    min_p: torch.Tensor | None = None
+    #: int64 ``[num_rows]`` or None: the sequence position of each row (noise key).
+    #: Defaults to the row index inside its request.
+    positions: torch.Tensor | None = None
+    _layout: RowLayout | None = field(default=None, init=False, repr=False, compare=False)
+
+    @staticmethod
+    def from_draft_tokens(
+        draft_tokens: Sequence[Sequence[int]] | torch.Tensor,
+        temperature: Sequence[float] | torch.Tensor,
+        seeds: Sequence[int] | torch.Tensor,
+        top_k: Sequence[int] | torch.Tensor | None = None,
+        min_p: Sequence[float] | torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
+    ) -> VerifyBatch:
+        """Build a batch from per-request draft token lists (``k_i`` may differ)."""
+        if isinstance(draft_tokens, torch.Tensor):
+            lists = [list(map(int, r)) for r in draft_tokens.tolist()]
+        else:
+            lists = [list(map(int, r)) for r in draft_tokens]
+        lens = [len(r) + 1 for r in lists]
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        flat: list[int] = []
+        for r in lists:
+            flat.extend(r)
+            flat.append(-1)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+
+        def _t(x, dtype):
+            if x is None:
+                return None
+            if isinstance(x, torch.Tensor):
+                return x.to(device=dev, dtype=dtype)
+            return torch.tensor(list(x), dtype=dtype, device=dev)
+
+        return VerifyBatch(
+            cu_num_rows=torch.tensor(cu, dtype=torch.int64, device=dev),
+            draft_token_ids=torch.tensor(flat, dtype=torch.int64, device=dev),
+            temperature=_t(temperature, torch.float32),
+            seeds=_t(seeds, torch.int64),
+            top_k=_t(top_k, torch.int64),
+            min_p=_t(min_p, torch.float32),
+            positions=_t(positions, torch.int64),
+        )
+
+    def replace(self, **changes) -> VerifyBatch:
+        """A copy with some fields replaced (the cached layout is rebuilt lazily)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.cu_num_rows.numel()) - 1
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.draft_token_ids.numel())
+
+    def layout(self) -> RowLayout:
+        if self._layout is None:
+            self._layout = RowLayout.build(self)
+        return self._layout
+
+
+@dataclass
+class RowLayout:
+    """Row-level views of a :class:`VerifyBatch` (computed once, host-side ints)."""
+
+    num_reqs: int
+    num_rows: int
+    max_rows_per_req: int
+    #: int64 [num_reqs + 1]
+    cu_num_rows: torch.Tensor
+    #: int64 [num_rows]
+    req_of_row: torch.Tensor
+    row_in_req: torch.Tensor
+    is_bonus: torch.Tensor
+    #: Per-row copies of per-request parameters.
+    temperature: torch.Tensor
+    seeds: torch.Tensor
+    positions: torch.Tensor
+    #: Draft token per row, forced to -1 on bonus rows.
+    draft: torch.Tensor
+    #: int64 [num_reqs, max_rows_per_req] row index (clamped) and validity mask.
+    pad_index: torch.Tensor
+    pad_valid: torch.Tensor
+    #: Per-request top-k (0 = off) and min-p (0 = off), already normalised.
+    top_k: torch.Tensor
+    min_p: torch.Tensor
+    _modes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @staticmethod
+    def build(batch: VerifyBatch) -> RowLayout:
+        cu = batch.cu_num_rows.to(torch.int64)
+        dev = batch.draft_token_ids.device
+        num_reqs = int(cu.numel()) - 1
+        lens = cu[1:] - cu[:-1]
+        if num_reqs > 0 and int(lens.min()) < 1:
+            raise ValueError("every request needs at least its bonus row")
+        num_rows = int(cu[-1]) if num_reqs > 0 else 0
+        if num_rows != batch.draft_token_ids.numel():
+            raise ValueError("cu_num_rows[-1] must equal len(draft_token_ids)")
+        req_of_row = torch.repeat_interleave(torch.arange(num_reqs, device=dev), lens)
+        row_in_req = torch.arange(num_rows, device=dev) - cu[:-1][req_of_row]
+        is_bonus = row_in_req == (lens[req_of_row] - 1)
+        draft = torch.where(is_bonus, torch.full_like(batch.draft_token_ids, -1),
+                            batch.draft_token_ids.to(torch.int64))
+        max_len = int(lens.max()) if num_reqs > 0 else 1
+        steps = torch.arange(max_len, device=dev)
+        pad_valid = steps[None, :] < lens[:, None]
+        pad_index = torch.clamp(cu[:-1, None] + steps[None, :], max=max(num_rows - 1, 0))
+        temperature = batch.temperature.to(device=dev, dtype=torch.float32)
+        if batch.top_k is not None:
+            top_k = batch.top_k.to(device=dev, dtype=torch.int64).clamp(min=0)
+        else:
+            top_k = torch.zeros(num_reqs, dtype=torch.int64, device=dev)
+        if batch.min_p is not None:
+            min_p = batch.min_p.to(device=dev, dtype=torch.float32)
+        else:
+            min_p = torch.zeros(num_reqs, dtype=torch.float32, device=dev)
+        positions = (
+            batch.positions.to(device=dev, dtype=torch.int64)
+            if batch.positions is not None
+            else row_in_req
+        )
+        return RowLayout(
+            num_reqs=num_reqs,
+            num_rows=num_rows,
+            max_rows_per_req=max_len,
+            cu_num_rows=cu.contiguous(),
+            req_of_row=req_of_row,
+            row_in_req=row_in_req,
+            is_bonus=is_bonus,
+            temperature=temperature[req_of_row],
+            seeds=batch.seeds.to(device=dev, dtype=torch.int64)[req_of_row],
+            positions=positions,
+            draft=draft.contiguous(),
+            pad_index=pad_index,
+            pad_valid=pad_valid,
+            top_k=top_k,
+            min_p=min_p,
+        )
+
+    def effective_top_k(self, vocab_size: int) -> torch.Tensor:
+        """Per-request top-k with "off" (<= 0 or >= vocab) mapped to 0; greedy rows off."""
+        k = torch.where(self.top_k >= vocab_size, torch.zeros_like(self.top_k), self.top_k)
+        greedy = self.temperature_per_req() == 0
+        return torch.where(greedy, torch.zeros_like(k), k)
+
+    def effective_min_p(self) -> torch.Tensor:
+        greedy = self.temperature_per_req() == 0
+        return torch.where(greedy, torch.zeros_like(self.min_p), self.min_p)
+
+    def temperature_per_req(self) -> torch.Tensor:
+        out = torch.zeros(self.num_reqs, dtype=torch.float32, device=self.temperature.device)
+        out[self.req_of_row] = self.temperature
+        return out
+
+    def host_modes(self, vocab_size: int) -> HostModes:
+        """Host-side facts that decide shapes and control flow (computed once per batch).
+
+        Building them synchronises with the device once; afterwards a
+        verification step issues no host synchronisation, so it can be captured
+        in a CUDA graph.
+        """
+        m = self._modes.get(vocab_size)
+        if m is None:
+            m = HostModes.build(self, vocab_size)
+            self._modes[vocab_size] = m
+        return m
+
+
+@dataclass
+class HostModes:
+    all_greedy: bool
+    #: Rows (indices) of sampling requests with top-k and/or min-p, or None.
+    thr_rows: torch.Tensor | None
+    #: float32 values each rank sends per threshold row (max top-k, 1 for min-p alone).
+    thr_width: int
+    #: Per threshold row: effective top-k (0 = off) and min-p (0 = off).
+    thr_top_k: torch.Tensor | None
+    thr_min_p: torch.Tensor | None
+    #: Indices of the sampling (non-greedy) requests.
+    sampling_reqs: torch.Tensor
+    num_sampling_reqs: int
+
+    @staticmethod
+    def build(L: RowLayout, vocab_size: int) -> HostModes:
+        greedy_req = L.temperature_per_req() == 0
+        top_k = L.effective_top_k(vocab_size)
+        min_p = L.effective_min_p()
+        need_req = (top_k > 0) | (min_p > 0)
+        need_rows = need_req[L.req_of_row]
+        thr_rows = thr_k = thr_p = None
+        width = 0
+        if bool(need_rows.any()):
+            thr_rows = need_rows.nonzero().squeeze(1)
+            thr_k = top_k[L.req_of_row][thr_rows]
+            thr_p = min_p[L.req_of_row][thr_rows]
+            width = max(int(thr_k.max()), 1)
+        sampling = (~greedy_req).nonzero().squeeze(1)
+        return HostModes(
+            all_greedy=bool(greedy_req.all()),
+            thr_rows=thr_rows,
+            thr_width=width,
+            thr_top_k=thr_k,
+            thr_min_p=thr_p,
+            sampling_reqs=sampling,
+            num_sampling_reqs=int(sampling.numel()),
+        )
+
+
+@dataclass
+class VerifyOutput:
+    """Verification result, in vLLM's ``(sampled, num_sampled)`` convention."""
+
+    #: int64 ``[num_reqs, max_k + 1]``, padded with -1.
+    sampled: torch.Tensor
+    #: int32 ``[num_reqs]``: accepted drafts + 1 (the recovered or bonus token).
+    num_sampled: torch.Tensor
+    #: float32 ``[num_rows]``: ``log(p(x)/q(x)) - log(u)`` of the accept test of each
+    #: sampling row (accept iff > 0); NaN for greedy rows. Diagnostic only: used to
+    #: certify that a disagreement between two implementations sits within float
+    #: rounding of the acceptance threshold.
+    accept_margin: torch.Tensor | None = None
+
+    def tokens(self) -> list[list[int]]:
+        return [
+            row[:n] for row, n in zip(self.sampled.tolist(), self.num_sampled.tolist())
+        ]
+
+
+def first_rejection(layout: RowLayout, accept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per request: number of accepted drafts and the decision row.
+
+    ``accept [num_rows]`` must be False on bonus rows. The decision row is the
+    first rejected row (bonus row if every draft passed).
+    """
+    acc = accept[layout.pad_index] & layout.pad_valid
+    num_accepted = torch.cumprod(acc.to(torch.int64), dim=1).sum(dim=1)
+    start = layout.pad_index[:, 0] if layout.num_rows > 0 else num_accepted
+    decision_row = start + num_accepted
+    return num_accepted, decision_row
+
+
+def assemble_output(
+    layout: RowLayout,
+    num_accepted: torch.Tensor,
+    decision_row: torch.Tensor,
+    decision_token: torch.Tensor,
+    accept_margin: torch.Tensor | None = None,
+) -> VerifyOutput:
+    """Write accepted drafts and the decision token into vLLM's padded output."""
+    steps = torch.arange(layout.max_rows_per_req, device=num_accepted.device)
+    drafts = layout.draft[layout.pad_index]
+    sampled = torch.where(steps[None, :] < num_accepted[:, None], drafts,
+                          torch.full_like(drafts, -1))
+    sampled.scatter_(1, num_accepted[:, None], decision_token[:, None].to(torch.int64))
+    return VerifyOutput(
+        sampled=sampled,
+        num_sampled=(num_accepted + 1).to(torch.int32),
+        accept_margin=accept_margin,
+    )

@@ -1,0 +1,190 @@
+"""Check the Triton shard-statistics kernel against the fused-torch implementation.
+
+Usable on a GPU (``--device cuda``) and on CPU through Triton's interpreter
+(``TRITON_INTERPRET=1 python -m vllm_kimi_ext.verify.kernel_check --device cpu``).
+
+Criteria (float transcendental functions may differ by a few ulps between
+backends; the integer hash may not differ at all):
+
+* ``gval``/``lse``/``s_x``: equal within ``rtol = atol = 2e-5`` (same ``-inf`` pattern);
+* ``gidx``: equal, or a certified near-tie: the torch scores of the two
+  candidate tokens differ by less than ``1e-5 * max(1, |score|)``;
+* the raw 32-bit noise hashes of both backends are compared bit for bit by
+  :func:`check_hash_bits` (Triton side through a tiny kernel);
+* the merge+decide kernel gives the same ``(sampled, num_sampled)`` as the torch
+  path (:func:`check_decide`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
+from .kernels import masked_scaled_shard, shard_local_stats_torch, shard_local_stats_triton
+
+NEG_INF = float("-inf")
+
+
+def _case(R, S, V, col_offset, dtype, device, seed, thr=False, scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    z = (torch.randn(R, S, generator=g) * scale).to(dtype)
+    temps = torch.tensor([[0.0, 1.0, 0.7, 1.9, 0.3][i % 5] for i in range(R)])
+    threshold = None
+    if thr:
+        threshold = torch.where(torch.rand(R, generator=g) < 0.5,
+                                torch.randn(R, generator=g) * scale, torch.tensor(NEG_INF))
+        threshold = torch.where(temps == 0, torch.tensor(NEG_INF), threshold)
+    # drafts: owned by this shard, owned by another, padding ids, placeholders
+    draft = torch.randint(max(col_offset - S, 0), col_offset + 2 * S, (R,), generator=g)
+    draft = torch.where(torch.rand(R, generator=g) < 0.15, torch.tensor(-1), draft)
+    seeds = torch.randint(-(2**62), 2**62, (R,), generator=g)
+    pos = torch.randint(0, 2**20, (R,), generator=g)
+    args = [z, temps, threshold, draft, seeds, pos]
+    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def compare_stats(a: torch.Tensor, b: torch.Tensor, args, col_offset: int, vocab_size: int,
+                  exclude: bool, tol: float = 2e-5) -> dict:
+    """Compare torch stats ``a`` with Triton stats ``b``; raise AssertionError if off."""
+    a = a.cpu()
+    b = b.cpu()
+    for slot in (0, 2, 3)[: 1 if a.shape[1] == 2 else 3]:
+        x, y = a[:, slot], b[:, slot]
+        assert torch.equal(torch.isinf(x), torch.isinf(y)), f"slot {slot}: inf pattern differs"
+        fin = ~torch.isinf(x)
+        if fin.any():
+            assert torch.allclose(x[fin], y[fin], rtol=tol, atol=tol), (
+                f"slot {slot}: max abs diff {(x[fin] - y[fin]).abs().max():.3g}")
+    ties = 0
+    diff = (a[:, 1] != b[:, 1]).nonzero().squeeze(1).tolist()
+    if diff:
+        z, temps, thr, _draft, seeds, pos = [x.cpu() if isinstance(x, torch.Tensor) else x
+                                            for x in args]
+        s = masked_scaled_shard(z, temps, thr, col_offset, vocab_size)
+        gid = torch.arange(z.shape[1]) + col_offset
+        for r in diff:
+            ia, ib = int(a[r, 1]) - col_offset, int(b[r, 1]) - col_offset
+            sc = s[r].clone()
+            if temps[r] != 0:
+                h1, h2 = row_keys(seeds[r:r + 1], pos[r:r + 1], DOMAIN_GUMBEL)
+                sc = sc + gumbel_noise(h1, h2, gid)[0]
+            gap = abs(float(sc[ia]) - float(sc[ib]))
+            assert gap < 1e-5 * max(1.0, abs(float(sc[ia]))), (
+                f"row {r}: argmax {ia} vs {ib}, score gap {gap:.3g}")
+            ties += 1
+    return {"rows": a.shape[0], "near_ties": ties}
+
+
+def check_hash_bits(device: str, n_rows: int = 7, n_cols: int = 4099) -> int:
+    """Bit-compare the 32-bit noise hash of the torch and Triton implementations."""
+    import triton
+
+    from ._triton_kernels import hash_bits_kernel
+    from .hashing import element_hash
+
+    g = torch.Generator().manual_seed(0)
+    seeds = torch.randint(-(2**62), 2**62, (n_rows,), generator=g)
+    pos = torch.randint(0, 2**40, (n_rows,), generator=g)
+    h1, h2 = row_keys(seeds, pos, DOMAIN_GUMBEL)
+    want = element_hash(h1[:, None], h2[:, None], torch.arange(n_cols)[None, :])
+    out = torch.empty((n_rows, n_cols), dtype=torch.int64, device=device)
+    hash_bits_kernel[(n_rows, triton.cdiv(n_cols, 1024))](
+        out, seeds.to(device), pos.to(device), n_cols, BLOCK=1024)
+    got = out.cpu() & 0xFFFFFFFF
+    assert torch.equal(got, want), f"{int((got != want).sum())} hash words differ"
+    return n_rows * n_cols
+
+
+def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
+                 all_greedy: bool = False) -> dict:
+    """Triton merge+decide kernel vs the torch one on random gathered statistics."""
+    from .batch import VerifyBatch
+    from .kernels import decide_torch, decide_triton
+
+    g = torch.Generator().manual_seed(5)
+    k = 3
+    drafts = torch.randint(-1, V, (num_reqs, k), generator=g)
+    temps = torch.where(torch.rand(num_reqs, generator=g) < 0.3, 0.0, 1.0)
+    if all_greedy:
+        temps = torch.zeros(num_reqs)
+    seeds = torch.randint(-(2**62), 2**62, (num_reqs,), generator=g)
+    lists = drafts.tolist()
+    if num_reqs % 2:  # odd counts: ragged k (0..3 drafts per request)
+        lists = [r[: i % (k + 1)] for i, r in enumerate(lists)]
+    b = VerifyBatch.from_draft_tokens(lists, temps, seeds, device=device)
+    L = b.layout()
+    rows = L.num_rows
+    gathered = torch.empty(tp, rows, 4)
+    gathered[..., 0] = torch.randint(0, 3, (tp, rows), generator=g).float()  # ties
+    gathered[..., 1] = torch.randint(0, V, (tp, rows), generator=g).float()
+    gathered[..., 2] = torch.randn(tp, rows, generator=g) + 5
+    gathered[..., 3] = torch.where(torch.rand(tp, rows, generator=g) < 1 / tp,
+                                   torch.randn(tp, rows, generator=g) + 5, NEG_INF)
+    # make some drafts the merged argmax (accepted under greedy)
+    gathered[0, ::2, 0] = 10.0
+    gathered[0, ::2, 1] = L.draft[::2].float().cpu().clamp(min=0)
+    gathered = gathered.to(device)
+    if all_greedy:
+        gathered = gathered[..., :2].contiguous()
+    a = decide_torch(gathered, L, V)
+    t = decide_triton(gathered, L, V)
+    assert torch.equal(a[1].cpu(), t[1].cpu()), "num_sampled differs"
+    assert torch.equal(a[0].cpu(), t[0].cpu()), "sampled differs"
+    ma, mt = a[3].cpu(), t[3].cpu()
+    assert torch.equal(torch.isnan(ma), torch.isnan(mt))
+    fin = ~torch.isnan(ma) & ~torch.isinf(ma)
+    assert torch.allclose(ma[fin], mt[fin], rtol=1e-5, atol=1e-5)
+    return {"reqs": num_reqs, "tp": tp, "all_greedy": all_greedy,
+            "mean_num_sampled": float(a[1].float().mean())}
+
+
+def run_checks(device: str = "cuda", quick: bool = False) -> dict:
+    """Run every configuration; returns a summary (raises on mismatch)."""
+    cases = [
+        # R, S, V, col_offset, dtype, threshold, splits, block
+        (6, 300, 1000, 800, torch.bfloat16, True, 1, 64),
+        (6, 300, 1000, 800, torch.float32, False, 3, 64),
+        (9, 257, 600, 257, torch.float16, True, None, 64),
+        (5, 100, 50, 0, torch.float32, True, 2, 32),  # mostly padding
+        (4, 64, 100, 128, torch.float32, False, 1, 32),  # all padding
+    ]
+    if not quick:
+        cases += [
+            (16, 20480, 163840, 7 * 20480, torch.bfloat16, False, None, 1024),
+            (64, 20480, 163840, 3 * 20480, torch.bfloat16, True, None, 1024),
+            (4, 20480, 163840, 0, torch.float32, False, 1, 1024),
+        ]
+    summary = {"device": device, "cases": [], "hash_words_checked": check_hash_bits(device),
+               "decide": [check_decide(device), check_decide(device, tp=3, num_reqs=33),
+                          check_decide(device, tp=8, num_reqs=10, all_greedy=True)]}
+    for i, (R, S, V, off, dtype, thr, splits, block) in enumerate(cases):
+        args = _case(R, S, V, off, dtype, device, seed=100 + i, thr=thr)
+        exclude = i % 2 == 0
+        a = shard_local_stats_torch(*args, off, V, exclude)
+        b = shard_local_stats_triton(*args, off, V, exclude, block=block, splits=splits)
+        res = compare_stats(a, b, args, off, V, exclude)
+        res.update(R=R, S=S, V=V, dtype=str(dtype), threshold=thr, splits=splits,
+                   exclude=exclude)
+        summary["cases"].append(res)
+        a2 = shard_local_stats_torch(*args, off, V, exclude, 2)
+        b2 = shard_local_stats_triton(*args, off, V, exclude, 2, block=block, splits=splits)
+        assert b2.shape == (R, 2)
+        compare_stats(a2, b2, args, off, V, exclude)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    print(json.dumps(run_checks(a.device, a.quick), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

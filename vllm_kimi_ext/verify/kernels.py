@@ -1,0 +1,323 @@
+"""Shard-local verification statistics in one fused pass over a logits shard.
+
+For each row ``j`` of a rank's shard ``z[j, 0:S]`` (global ids
+``col_offset .. col_offset + S - 1``; ids ``>= vocab_size`` are padding and never
+win) this computes the 4 float32 numbers the rank contributes to the single
+all-gather of a verification step:
+
+=====  =====================================================================
+slot   meaning
+=====  =====================================================================
+0      ``gval``: greedy row: ``max_v z_v``; sampling row: ``max_v s_v + g_v``
+       where ``s = mask(z / T)`` and ``g_v`` is the counter-based Gumbel noise
+       of global token ``v`` (:mod:`.hashing`), with the row's draft token
+       excluded when ``exclude_draft`` is set (one-hot residual).
+1      ``gidx``: global token id of slot 0 (float32; exact below ``2**24``),
+       lowest id on ties.
+2      ``lse``: ``log sum_v exp(s_v)`` over the shard (``-inf`` if empty;
+       ``-inf`` on greedy rows).
+3      ``s_x``: ``s`` at the draft token if this shard owns it, else ``-inf``.
+=====  =====================================================================
+
+``mask`` sets ``s_v = -inf`` where ``s_v < threshold`` (the exact min-p/top-k
+cut, already merged over ranks) or where ``v`` is padding. When every row is
+greedy only slots 0-1 are produced (``width=2``: 8 bytes per row).
+
+After the all-gather, :func:`decide` merges the ``[TP, rows, W]`` statistics
+(max value then lowest id; log-sum-exp of log-sum-exps; max of ``s_x``) and runs
+the accept test / first-rejection scan, returning vLLM's ``(sampled,
+num_sampled)``. It too has a torch and a Triton implementation (one program per
+request).
+
+Two implementations with the same contract:
+
+* :func:`shard_local_stats_torch`: fused torch ops; runs anywhere (CPU in CI)
+  and is the reference of the Triton kernel.
+* Triton kernels (:mod:`._triton_kernels`; grid ``rows x splits``: each
+  program streams a slice of the shard once, keeping an online max/sum-exp
+  and a running Gumbel-argmax; a second tiny kernel merges the splits; row
+  keys are derived in-kernel). Used automatically for CUDA tensors when
+  Triton is importable. Triton is imported lazily: this module imports
+  without it. A verification step on the Triton path issues 3 launches
+  (statistics, split merge, decide) and no host synchronisation, so it can be
+  captured in a CUDA graph.
+
+Both use the identical integer hash, so the noise bits agree exactly; float
+transcendental functions (``log``, ``log1p``, ``exp``) may differ by a few
+ulps between backends, so cross-backend checks compare values with a
+tolerance and tokens up to near-ties. Within one backend, the sharded
+verifier and the reference see bitwise identical per-token scores.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .batch import RowLayout, first_rejection
+from .hashing import DOMAIN_GUMBEL, accept_uniform, gumbel_noise, row_keys
+from .reference import scale_logits
+
+NEG_INF = float("-inf")
+
+
+# ---------------------------------------------------------------------------
+# fused torch implementation
+# ---------------------------------------------------------------------------
+def masked_scaled_shard(
+    logits_shard: torch.Tensor,
+    temperature: torch.Tensor,
+    threshold: torch.Tensor | None,
+    col_offset: int,
+    vocab_size: int,
+) -> torch.Tensor:
+    """``mask(z / T)`` on a shard: threshold cut and padding columns set to ``-inf``."""
+    S = logits_shard.shape[1]
+    s = scale_logits(logits_shard, temperature)
+    valid = (torch.arange(S, device=s.device) + col_offset) < vocab_size
+    drop = ~valid[None, :]
+    if threshold is not None:
+        drop = drop | (s < threshold[:, None])
+    return s.masked_fill(drop, NEG_INF)
+
+
+def _owned_cols(draft: torch.Tensor, col_offset: int, n_valid: int) -> torch.Tensor:
+    """Local column of each row's draft token if this shard owns it, else -1."""
+    local = draft - col_offset
+    owned = (draft >= 0) & (local >= 0) & (local < n_valid)
+    return torch.where(owned, local, torch.full_like(local, -1))
+
+
+def shard_local_stats_torch(
+    logits_shard: torch.Tensor,
+    temperature: torch.Tensor,
+    threshold: torch.Tensor | None,
+    draft: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    col_offset: int,
+    vocab_size: int,
+    exclude_draft: bool = True,
+    width: int = 4,
+) -> torch.Tensor:
+    """Fused-torch shard statistics ``[rows, width]`` (see module docstring)."""
+    R, S = logits_shard.shape
+    dev = logits_shard.device
+    out = torch.full((R, 4), NEG_INF, dtype=torch.float32, device=dev)
+    if R == 0:
+        return out[:, :width]
+    n_valid = max(0, min(S, vocab_size - col_offset))
+    s = masked_scaled_shard(logits_shard, temperature, threshold, col_offset, vocab_size)
+    greedy = temperature == 0
+    dcol = _owned_cols(draft.to(torch.int64), col_offset, n_valid)
+    owned = dcol >= 0
+    s_x = s.gather(1, dcol.clamp(min=0)[:, None]).squeeze(1)
+    out[:, 3] = torch.where(owned & ~greedy, s_x, torch.full_like(s_x, NEG_INF))
+
+    g_rows = greedy.nonzero().squeeze(1)
+    if g_rows.numel():
+        sg = s[g_rows]
+        idx = torch.argmax(sg, dim=1)
+        out[g_rows, 0] = sg.gather(1, idx[:, None]).squeeze(1)
+        out[g_rows, 1] = (idx + col_offset).to(torch.float32)
+
+    r_rows = (~greedy).nonzero().squeeze(1)
+    if r_rows.numel():
+        sr = s[r_rows]
+        out[r_rows, 2] = torch.logsumexp(sr, dim=1)
+        gid = torch.arange(S, device=dev) + col_offset
+        h1, h2 = row_keys(seeds[r_rows], positions[r_rows], DOMAIN_GUMBEL)
+        score = sr + gumbel_noise(h1, h2, gid)
+        if exclude_draft:
+            drop = torch.arange(S, device=dev)[None, :] == dcol[r_rows, None]
+            score = score.masked_fill(drop, NEG_INF)
+        idx = torch.argmax(score, dim=1)
+        out[r_rows, 0] = score.gather(1, idx[:, None]).squeeze(1)
+        out[r_rows, 1] = (idx + col_offset).to(torch.float32)
+    return out if width == 4 else out[:, :width].contiguous()
+
+
+# ---------------------------------------------------------------------------
+# Triton implementation (lazy)
+# ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton
+        import triton.language
+    except ImportError:
+        return False
+    return hasattr(triton, "jit")
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms_cached(index: int) -> int:
+    try:
+        return torch.cuda.get_device_properties(index).multi_processor_count
+    except (RuntimeError, AssertionError):
+        return 132
+
+
+def _num_sms(device: torch.device) -> int:
+    return _num_sms_cached(device.index if device.index is not None
+                           else torch.cuda.current_device())
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous ``dtype`` tensor, without a dispatcher round trip when it is."""
+    if t.dtype == dtype and t.is_contiguous():
+        return t
+    return t.to(dtype).contiguous()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def shard_local_stats_triton(
+    logits_shard: torch.Tensor,
+    temperature: torch.Tensor,
+    threshold: torch.Tensor | None,
+    draft: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    col_offset: int,
+    vocab_size: int,
+    exclude_draft: bool = True,
+    width: int = 4,
+    *,
+    block: int = 1024,
+    splits: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Triton shard statistics ``[rows, 4]``; same contract as the torch version.
+
+    ``splits`` (programs per row) defaults to about two programs per SM; each
+    program streams ``ceil(blocks / splits)`` tiles of ``block`` columns.
+    Issues no host synchronisation (CUDA-graph capturable).
+    """
+    from . import _triton_kernels as tk
+
+    if logits_shard.stride(1) != 1:
+        logits_shard = logits_shard.contiguous()
+    R, S = logits_shard.shape
+    dev = logits_shard.device
+    out = torch.empty((R, width), dtype=torch.float32, device=dev)
+    if R == 0:
+        return out
+    n_valid = max(0, min(S, vocab_size - col_offset))
+    nblk = max(1, _cdiv(max(n_valid, 1), block))
+    if splits is None:
+        target = 2 * _num_sms(dev) if dev.type == "cuda" else 1
+        splits = min(nblk, max(1, _cdiv(target, R)))
+    splits = max(1, min(int(splits), nblk))
+    chunk = _cdiv(nblk, splits) * block
+    splits = _cdiv(max(n_valid, 1), chunk)
+    temp = _as(temperature, torch.float32)
+    thr = _as(threshold, torch.float32) if threshold is not None else temp
+    parts = None
+    if splits > 1:
+        pm = torch.empty((R, splits), dtype=torch.float32, device=dev)
+        parts = (pm, torch.empty_like(pm), torch.empty_like(pm),
+                 torch.empty((R, splits), dtype=torch.int32, device=dev))
+    tk.launch_stats(logits_shard, temp, thr, _as(draft, torch.int64), _as(seeds, torch.int64),
+                    _as(positions, torch.int64), out, parts, n_valid, col_offset, chunk, splits,
+                    threshold is not None, bool(exclude_draft), block, num_warps, width)
+    return out
+
+
+def _use_triton(backend: str, t: torch.Tensor) -> bool:
+    return backend == "triton" or (backend == "auto" and t.is_cuda and triton_available())
+
+
+def shard_local_stats(
+    logits_shard: torch.Tensor,
+    temperature: torch.Tensor,
+    threshold: torch.Tensor | None,
+    draft: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    col_offset: int,
+    vocab_size: int,
+    exclude_draft: bool = True,
+    backend: str = "auto",
+    width: int = 4,
+) -> torch.Tensor:
+    """Dispatch: Triton on CUDA when available (``backend="auto"``), else fused torch.
+
+    Per-row arguments (length ``rows``): ``temperature`` (0 = greedy),
+    ``threshold`` (cut on ``z / T``; None = no cut), ``draft`` (global draft token
+    id, -1 for none), ``seeds``/``positions`` (noise keys). ``exclude_draft``:
+    exclude the row's draft token (when this shard owns it) from the Gumbel-max
+    (the one-hot residual); False for probabilistic drafts. ``width``: 4, or 2
+    when every row is greedy (only ``gval, gidx`` are exchanged then).
+    """
+    fn = shard_local_stats_triton if _use_triton(backend, logits_shard) else shard_local_stats_torch
+    return fn(logits_shard, temperature, threshold, draft, seeds, positions, col_offset,
+              vocab_size, exclude_draft, width)
+
+
+# ---------------------------------------------------------------------------
+# merge of the gathered statistics + the accept/reject decisions
+# ---------------------------------------------------------------------------
+def merge_argmax(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best ``(value, id)`` over ranks ``[TP, n]``: max value, then lowest id."""
+    best = vals.max(dim=0).values
+    cand = torch.where(vals == best[None, :], idx, torch.full_like(idx, float("inf")))
+    tok = cand.min(dim=0).values
+    # NaN rows: nothing equals the max; keep the lowest id reported.
+    tok = torch.where(torch.isinf(tok), idx.min(dim=0).values, tok)
+    return best, tok.to(torch.int64)
+
+
+def merge_lse(lse: torch.Tensor) -> torch.Tensor:
+    """``logsumexp`` over ranks of per-rank log-sum-exps ``[TP, n]``."""
+    return torch.logsumexp(lse, dim=0)
+
+
+def decide_torch(gathered: torch.Tensor, L: RowLayout, vocab_size: int):
+    """Merge ``[TP, rows, W]`` statistics and run the rejection rule (torch).
+
+    Returns ``(sampled, num_sampled, decision_row, margin)``.
+    """
+    from .batch import assemble_output
+
+    _, tok = merge_argmax(gathered[..., 0], gathered[..., 1])
+    greedy = L.temperature == 0
+    draft = L.draft
+    valid = (draft >= 0) & (draft < vocab_size)
+    if gathered.shape[-1] >= 4:
+        lse = merge_lse(gathered[..., 2])
+        sx = gathered[..., 3].max(dim=0).values
+        log_u = torch.log(accept_uniform(L.seeds, L.positions))
+        margin = (sx - lse) - log_u
+    else:
+        margin = torch.full((L.num_rows,), float("nan"), device=gathered.device)
+    accept = torch.where(greedy, valid & (tok == draft), valid & (margin > 0)) & ~L.is_bonus
+    num_accepted, drow = first_rejection(L, accept)
+    margin = torch.where(greedy, torch.full_like(margin, float("nan")), margin)
+    out = assemble_output(L, num_accepted, drow, tok[drow], accept_margin=margin)
+    return out.sampled, out.num_sampled, drow, margin
+
+
+def decide_triton(gathered: torch.Tensor, L: RowLayout, vocab_size: int):
+    """Same contract as :func:`decide_torch`, one Triton program per request."""
+    from . import _triton_kernels as tk
+
+    dev = gathered.device
+    g = gathered
+    if g.dtype != torch.float32 or g.stride(2) != 1:
+        g = g.to(torch.float32).contiguous()
+    sampled = torch.empty((L.num_reqs, L.max_rows_per_req), dtype=torch.int64, device=dev)
+    num_sampled = torch.empty((L.num_reqs,), dtype=torch.int32, device=dev)
+    drow = torch.empty((L.num_reqs,), dtype=torch.int64, device=dev)
+    margin = torch.empty((L.num_rows,), dtype=torch.float32, device=dev)
+    tk.launch_decide(g, L.cu_num_rows, L.draft, L.temperature, L.seeds, L.positions,
+                     sampled, num_sampled, drow, margin, vocab_size)
+    return sampled, num_sampled, drow, margin
+
+
+def decide(gathered: torch.Tensor, L: RowLayout, vocab_size: int, backend: str = "auto"):
+    fn = decide_triton if _use_triton(backend, gathered) else decide_torch
+    return fn(gathered, L, vocab_size)
