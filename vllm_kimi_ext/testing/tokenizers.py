@@ -56,24 +56,13 @@ __all__ = [
     "write_variant",
 ]
 
-#: Kimi's pre-tokenizer regex (``tokenization_kimi.py`` of the Kimi-K2 repos).
-#: Han runs are split off, letters take an optional English contraction, digits
-#: group by three.  It uses class intersection (``&&``): tiktoken's Rust regex
-#: supports it, Python's ``regex`` module needs the ``(?V1)`` flag.
-KIMI_PAT_STR = (
-    r"""[\p{Han}]+"""
-    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
-    r"""[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
-    r"""[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
-    r"""|\p{N}{1,3}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+"""
-    r"""|\s+(?!\S)"""
-    r"""|\s+"""
+# Kimi's pre-tokenizer regex and the reserved-slot count live in the standalone
+# remote-code module copied into every written directory (it must not import this
+# package); use them from there rather than keeping a second copy.
+from vllm_kimi_ext.tokenizers.tokenization_kimi import (  # noqa: E402
+    KIMI_PAT_STR,
+    NUM_RESERVED_SPECIAL_TOKENS,
 )
-
-NUM_RESERVED_SPECIAL_TOKENS = 256
 REAL_KIMI_N_RANKS = 163584
 
 #: Named reserved slots, as offsets from ``n_ranks`` (Kimi-K2.5 layout).  The
