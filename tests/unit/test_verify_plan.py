@@ -150,3 +150,20 @@ def test_fallback_other_causes():
     assert c.as_dict() == {"vocab_too_large": 1, "top_p": 1}
     c.reset()
     assert c.total == 0
+
+
+def test_group_coordinator_adapter_shapes():
+    """vLLM's GroupCoordinator.all_gather concatenates on dim 0; the adapter restacks."""
+    from vllm_kimi_ext.verify import group_coordinator_all_gather
+
+    class FakeGroup:
+        world_size = 4
+
+        def all_gather(self, t, dim=0):
+            return torch.cat([t + r for r in range(self.world_size)], dim=dim)
+
+    ag = group_coordinator_all_gather(FakeGroup())
+    x = torch.arange(6.0).view(3, 2)
+    out = ag(x)
+    assert out.shape == (4, 3, 2)
+    assert torch.equal(out[2], x + 2)
