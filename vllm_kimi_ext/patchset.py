@@ -330,8 +330,16 @@ def tree_is_applied(tree: Path, entries: list[SeriesEntry]) -> bool:
     if head != FORK_BRANCH:
         return False
     n = git(tree, "rev-list", "--count", f"{BASELINE_TAG}..HEAD", check=False).stdout.strip()
-    dirty = git(tree, "status", "--porcelain", "--untracked-files=no").stdout.strip()
-    return n == str(len(entries)) and not dirty
+    if n != str(len(entries)):
+        return False
+    # Local edits to files the series touches mean the tree is not the series.
+    # Other tracked files may legitimately differ: the editable build rewrites
+    # generated ones such as vllm/_version.py.
+    touched = git(tree, "diff", "--name-only", f"{BASELINE_TAG}..HEAD").stdout.split()
+    if not touched:
+        return True
+    dirty = git(tree, "status", "--porcelain", "--untracked-files=no", "--", *touched)
+    return not dirty.stdout.strip()
 
 
 def apply_series(tree: Path, patch_dir: Path = PATCH_DIR) -> ApplyResult:

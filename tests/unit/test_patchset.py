@@ -222,3 +222,18 @@ def test_sdist_baseline_tracks_files_vllm_gitignores(tmp_path):
     assert "vllm/_version.py" in tracked
     assert not any(t.startswith("vllm.egg-info") for t in tracked)
     assert _git(tree, "describe", "--tags") == patchset.BASELINE_TAG
+
+
+def test_edits_to_patched_files_make_the_tree_stale_but_build_outputs_do_not(fake_vllm,
+                                                                             tmp_path):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33")])
+    patchset.apply_series(fake_vllm, pdir)
+    entries = patchset.read_series(pdir)
+    (fake_vllm / "vllm" / "__init__.py").write_text("__version__ = '0.34.0+regenerated'\n")
+    assert patchset.tree_is_applied(fake_vllm, entries)  # a build rewrote a generated file
+    cfg = fake_vllm / "vllm" / "config.py"
+    cfg.write_text(cfg.read_text() + "local_hack = 1\n")
+    assert not patchset.tree_is_applied(fake_vllm, entries)
+    assert patchset.apply_series(fake_vllm, pdir).changed  # re-applied from the baseline
+    assert "local_hack" not in cfg.read_text()
