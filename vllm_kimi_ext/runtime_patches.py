@@ -71,6 +71,10 @@ def apply_all(*, count_every: int = 0) -> list[str]:
     patches: list[type[Patch]] = list(draft_hook.config_check_patches())
     if count_every:
         patches += _collective_patches(count_every)
+    from vllm_kimi_ext.drafts import agreement
+
+    if agreement.check_enabled():  # VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT=1
+        patches.append(agreement.agreement_patch())
     from vllm_kimi_ext.verify import vllm_runner
 
     if vllm_runner.enabled():

@@ -1,0 +1,76 @@
+"""Opt-in debug check: every tensor-parallel rank proposed the same draft tokens.
+
+A draft run un-sharded (``draft_tensor_parallel_size: 1``) computes its tokens
+independently on every rank; they agree by construction (same weights, same
+inputs, deterministic kernels), and verification relies on it. This check
+proves it at run time: it all-gathers the draft token ids over the target's
+tensor-parallel group after each ``propose`` and raises on any difference.
+It costs one small all-gather per step, so it is off unless
+``VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT=1`` (read when the plugin registers).
+"""
+
+from __future__ import annotations
+
+import os
+
+CHECK_ENV = "VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT"
+
+
+class DraftDisagreement(RuntimeError):
+    """Tensor-parallel ranks proposed different draft tokens."""
+
+
+def check_enabled() -> bool:
+    return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def check_draft_agreement(draft_tokens, group=None) -> None:
+    """All-gather ``draft_tokens`` over ``group`` (default: the TP group) and
+    raise :class:`DraftDisagreement` naming the first differing rank, request
+    row and draft position when any rank's tokens differ from rank 0's."""
+    import torch
+    from vllm.distributed import get_tp_group
+
+    group = group or get_tp_group()
+    if group.world_size == 1:
+        return
+    local = draft_tokens.to(torch.int64).contiguous()
+    gathered = group.all_gather(local.unsqueeze(0), dim=0)  # [world, *shape]
+    reference = gathered[0]
+    for rank in range(1, group.world_size):
+        diff = (gathered[rank] != reference).nonzero()
+        if diff.numel():
+            where = tuple(int(i) for i in diff[0])
+            raise DraftDisagreement(
+                f"draft tokens differ between TP rank 0 and rank {rank} at "
+                f"(request row, draft position) {where}: "
+                f"{int(reference[where])} vs {int(gathered[rank][where])} "
+                f"({diff.shape[0]} of {reference.numel()} positions differ). "
+                "An un-sharded draft must compute identical tokens on every rank; "
+                "check for non-deterministic kernels or rank-dependent inputs.")
+
+
+_PATCH: list = []
+
+
+def agreement_patch():
+    """The runtime patch (not yet applied): check draft agreement after every
+    ``propose`` of the EAGLE/EAGLE-3/MTP speculators (the ones that can run
+    their draft un-sharded) when the draft runs un-sharded."""
+    if _PATCH:
+        return _PATCH[0]
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import (
+        TargetDependentARSpeculator,
+    )
+
+    from vllm_kimi_ext.patching import Patch
+
+    class CheckDraftAgreement(Patch[TargetDependentARSpeculator]):
+        def propose(self, *args, **kwargs):
+            tokens = CheckDraftAgreement.original("propose")(self, *args, **kwargs)
+            if getattr(getattr(self, "model", None), "runs_unsharded", False):
+                check_draft_agreement(tokens)
+            return tokens
+
+    _PATCH.append(CheckDraftAgreement)
+    return CheckDraftAgreement
