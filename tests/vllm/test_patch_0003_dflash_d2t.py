@@ -1,0 +1,61 @@
+"""Patch 0003 also guards DFlash drafters: a reduced draft vocabulary without a
+``d2t`` map is refused at load time (stock: a silent all-zero map)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+
+
+def _reduce_vocab(path, rows: int) -> None:
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["draft_vocab_size"] = rows
+    (path / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:rows].contiguous()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_dflash_reduced_vocab_without_d2t_is_refused(tiny_kimi_dir, tmp_path):
+    from vllm_kimi_ext.testing.draft_scenarios import write_tiny_dflash
+    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+
+    draft = tmp_path / "dflash"
+    write_tiny_dflash(draft)
+    _reduce_vocab(draft, 512)
+    cfg = make_vllm_config(tiny_kimi_dir, speculative_config={
+        "method": "dflash", "model": str(draft), "num_speculative_tokens": 3})
+    try:
+        from vllm.model_executor.models.utils import verify_eagle3_draft_vocab_map  # noqa
+    except ImportError:
+        pytest.skip("running vLLM lacks patch 0003")
+    with pytest.raises(ValueError, match="has no 'd2t' tensor"):
+        load_model(cfg, cfg.speculative_config.draft_model_config)
+
+
+def test_dflash_reduced_vocab_with_d2t_loads(tiny_kimi_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from vllm_kimi_ext.testing.draft_scenarios import write_tiny_dflash
+    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+
+    draft = tmp_path / "dflash"
+    write_tiny_dflash(draft)
+    _reduce_vocab(draft, 512)
+    tensors = load_file(draft / "model.safetensors")
+    kept = torch.arange(0, 1024, 2)  # every other target id
+    tensors["d2t"] = kept - torch.arange(512)
+    save_file(tensors, draft / "model.safetensors", metadata={"format": "pt"})
+    cfg = make_vllm_config(tiny_kimi_dir, speculative_config={
+        "method": "dflash", "model": str(draft), "num_speculative_tokens": 3})
+    model, report = load_model(cfg, cfg.speculative_config.draft_model_config)
+    # mask_embedding is loaded only when the checkpoint ships one; otherwise DFlash
+    # embeds masked slots through mask_token_id and the parameter is unused
+    assert report.unwritten in ([], ["model.mask_embedding"])
+    assert torch.equal(model.draft_id_to_target_id.cpu(), kept - torch.arange(512))
