@@ -8,6 +8,11 @@ one ``_register_*`` helper per subcommand, heavy imports inside handlers).
 checks a draft checkpoint directory against a target directory (configs and
 safetensors headers only). Exit codes: 0 no errors (warnings allowed),
 1 errors found, 2 unreadable input.
+
+``vllm-kimi-ext draft shrink-vocab --head H --tokenizer T --corpus F [...] --out O``
+turns a full-vocabulary EAGLE-3 head into a reduced-vocabulary one
+(:mod:`vllm_kimi_ext.drafts.shrink_vocab`). Exit codes: 0 written, 2 refused
+input (nothing written).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ EXIT_BAD_INPUT = 2
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     _register_doctor(subparsers)
+    _register_draft(subparsers)
 
 
 def _register_doctor(subparsers: argparse._SubParsersAction) -> None:
@@ -59,3 +65,95 @@ def run_doctor(args: argparse.Namespace) -> int:
         print(f"doctor: error: {report.errors[0].message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_ERRORS if report.errors else EXIT_OK
+
+
+# --------------------------------------------------------------------------- #
+# draft command group                                                          #
+# --------------------------------------------------------------------------- #
+
+
+def _register_draft(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "draft",
+        help="build or transform draft checkpoints",
+        description="Tools that write draft checkpoints.",
+    )
+    p.set_defaults(func=lambda args: (p.print_help(), EXIT_BAD_INPUT)[1])
+    sub = p.add_subparsers(dest="draft_command", metavar="DRAFT_COMMAND")
+    _register_shrink_vocab(sub)
+
+
+def _register_shrink_vocab(subparsers: argparse._SubParsersAction) -> None:
+    from .shrink_vocab import DEFAULT_FIELDS, DEFAULT_SIZE  # light module (no torch import)
+
+    p = subparsers.add_parser(
+        "shrink-vocab",
+        help="reduce a full-vocabulary EAGLE-3 head to the most frequent tokens",
+        description=(
+            "Write a reduced-vocabulary copy of a full-vocabulary EAGLE-3 head: lm_head cut "
+            "to SIZE rows (special, added and chat-template tokens always kept, the rest "
+            "chosen by frequency on the corpora tokenized with the target's tokenizer), "
+            "d2t/t2d maps added, draft_vocab_size set, coverage.json / coverage.md written. "
+            "The output appears atomically. Exit code 0 written, 2 refused input."
+        ),
+    )
+    p.add_argument("--head", required=True, help="full-vocabulary EAGLE-3 head directory")
+    p.add_argument("--tokenizer", required=True,
+                   help="the target's tokenizer (directory or name for AutoTokenizer)")
+    p.add_argument("--corpus", required=True, action="append", metavar="FILE",
+                   help="corpus file (JSONL or plain text, optionally .gz); repeatable")
+    p.add_argument("--field", default=None,
+                   help="JSONL record field holding the text (default: first present of "
+                        + ", ".join(DEFAULT_FIELDS) + ")")
+    p.add_argument("--text-unit", choices=("line", "file"), default="line",
+                   help="plain-text corpora: one document per line (default) or per file")
+    p.add_argument("--size", type=int, default=DEFAULT_SIZE,
+                   help=f"draft vocabulary size (default {DEFAULT_SIZE}; < the vocab size)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow the tokenizer's own code (Kimi tokenizers need it)")
+    p.add_argument("--out", required=True, help="output head directory")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--json", action="store_true", help="print the coverage report as JSON")
+    p.set_defaults(func=run_shrink_vocab)
+
+
+class _HFTokenizer:
+    """A transformers tokenizer seen through shrink_vocab's interface: counts
+    the text's own tokens (no BOS/EOS added)."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        self.all_special_ids = list(tok.all_special_ids)
+        self.added_tokens_decoder = dict(getattr(tok, "added_tokens_decoder", {}) or {})
+        self.chat_template = getattr(tok, "chat_template", None)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            setattr(self, name, getattr(tok, name, None))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+
+def run_shrink_vocab(args: argparse.Namespace) -> int:
+    from .shrink_vocab import ShrinkVocabError, shrink_vocab
+
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer,
+                                            trust_remote_code=args.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any loader failure is bad input
+        print(f"shrink-vocab: error: cannot load tokenizer {args.tokenizer}: {exc}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        report = shrink_vocab(args.head, _HFTokenizer(tok), args.corpus, args.size, args.out,
+                              field=args.field, force=args.force, text_unit=args.text_unit,
+                              progress=True)
+    except (ShrinkVocabError, OSError) as exc:
+        print(f"shrink-vocab: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(report.to_json() if args.json else report.format_text())
+    return EXIT_OK

@@ -1,0 +1,280 @@
+"""``shrink_vocab``: a full-vocabulary EAGLE-3 head reduced to a frequent-token vocabulary.
+
+A fake tokenizer maps each whitespace-separated word to a known id (``t<N>`` is id
+N, named special tokens have fixed ids), so every count, the kept set and the
+coverage figures below are computed by hand from the constructed corpora.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vllm_kimi_ext.drafts import shrink_vocab as sv
+from vllm_kimi_ext.drafts.shrink_vocab import ShrinkVocabError, shrink_vocab
+from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+
+TARGET = TinyKimiSpec(num_ranks=1024)
+VOCAB = TARGET.vocab_size  # 1280: bos 1024, eos 1025, pad 1279 in the head's config
+
+SPECIAL = {"<bos>": 1024, "<eos>": 1025, "<pad>": 1279}
+ADDED = {**SPECIAL, "<|user|>": 1026, "<|end|>": 1027, "<think>": 1046, "<|unused|>": 1100}
+WORDS = {"assistant:": 900}  # template literal text, never in the corpora
+TEMPLATE = ("{% for m in messages %}<|user|>{{ m['content'] }}<|end|>{% endfor %}"
+            "{{ '<think>' }}assistant:")
+# forced: specials + added + template ("<|user|>", "<|end|>", "<think>", "assistant:")
+FORCED = {1024, 1025, 1279, 1026, 1027, 1046, 1100, 900}
+
+
+class FakeTokenizer:
+    def __init__(self, n: int = VOCAB, template: str | None = TEMPLATE):
+        self._n = n
+        self.all_special_ids = sorted(SPECIAL.values())
+        self.added_tokens_decoder = {i: s for s, i in ADDED.items()}
+        self.chat_template = template
+        self.bos_token_id, self.eos_token_id, self.pad_token_id = 1024, 1025, 1279
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        for word in text.split():
+            if word in ADDED:
+                out.append(ADDED[word])
+            elif word in WORDS:
+                out.append(WORDS[word])
+            else:
+                assert word[0] == "t", word
+                out.append(int(word[1:]))
+        return out
+
+    def __len__(self) -> int:
+        return self._n
+
+
+@pytest.fixture
+def head(tmp_path) -> Path:
+    path = tmp_path / "head"
+    write_tiny_eagle3(path, TARGET, TinyEagle3Spec(style="llama"))
+    (path / "generation_config.json").write_text('{"max_new_tokens": 8}\n')
+    return path
+
+
+@pytest.fixture
+def corpora(tmp_path) -> list[Path]:
+    a = tmp_path / "a.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "t5 t5 t5 t7 <|user|>"},   # default field "prompt"
+        {"text": "t7 t9 t9"},                  # falls back to "text"
+        {"turns": ["t5 t11", "t3"]},           # list of strings
+        {"other": "t1"},                       # no usable field: skipped
+    ]) + "\n")
+    b = tmp_path / "b.txt.gz"
+    with gzip.open(b, "wt") as fh:
+        fh.write("t9 t12 t13\n\nt12 t2 t4 t6 t8\n")
+    return [a, b]
+
+
+# counts: t5 4, t9 3, t7 2, t12 2, t2/t3/t4/t6/t8/t11/t13 1, <|user|> 1
+SIZE = 14  # 8 forced + 6 by frequency: 5, 9, then 7 and 12 (tie), then 2 and 3 (tie)
+EXPECTED_KEPT = sorted(FORCED | {5, 9, 7, 12, 2, 3})
+
+
+def test_round_trip(head, corpora, tmp_path):
+    out = tmp_path / "out"
+    report = shrink_vocab(head, FakeTokenizer(), corpora, SIZE, out)
+
+    assert report.kept_ids == EXPECTED_KEPT
+    assert (report.size, report.vocab_size) == (SIZE, VOCAB)
+    assert report.num_forced == 8 and report.num_by_frequency == 6
+    assert report.num_forced_unseen == 7  # only <|user|> occurs in the corpora
+    a, b = report.corpora
+    # a: 5 + 3 + 3 tokens, only t11 not kept; 1 skipped record
+    assert (a.records, a.skipped_records, a.tokens, a.covered_tokens) == (3, 1, 11, 10)
+    # b: 3 + 5 tokens, t9 t12 t12 t2 kept, t13 t4 t6 t8 not
+    assert (b.records, b.skipped_records, b.tokens, b.covered_tokens) == (2, 0, 8, 4)
+    assert a.coverage == pytest.approx(10 / 11) and b.coverage == pytest.approx(0.5)
+    assert (report.tokens, report.covered_tokens) == (19, 14)
+    assert report.coverage == pytest.approx(14 / 19)
+
+    # weights
+    src = load_file(head / "model.safetensors")
+    dst = load_file(out / "model.safetensors")
+    kept = torch.tensor(EXPECTED_KEPT)
+    assert dst["lm_head.weight"].shape == (SIZE, TARGET.hidden_size)
+    assert torch.equal(dst["lm_head.weight"], src["lm_head.weight"][kept])
+    assert dst["d2t"].dtype == torch.int64 and dst["t2d"].dtype == torch.bool
+    assert torch.equal(dst["d2t"] + torch.arange(SIZE), kept)
+    assert dst["t2d"].shape == (VOCAB,)
+    assert torch.equal(torch.nonzero(dst["t2d"]).flatten(), kept)
+    for name, tensor in src.items():
+        if name != "lm_head.weight":
+            assert torch.equal(dst[name], tensor), name
+    assert set(dst) == set(src) | {"d2t", "t2d"}
+
+    # config and other files
+    cfg_in = json.loads((head / "config.json").read_text())
+    cfg_out = json.loads((out / "config.json").read_text())
+    assert cfg_out == {**cfg_in, "draft_vocab_size": SIZE}
+    assert (out / "generation_config.json").read_text() == '{"max_new_tokens": 8}\n'
+    cov = json.loads((out / "coverage.json").read_text())
+    assert cov["size"] == SIZE and cov["num_forced"] == 8
+    assert cov["overall"] == {"tokens": 19, "covered_tokens": 14, "coverage": 14 / 19}
+    assert [c["covered_tokens"] for c in cov["corpora"]] == [10, 4]
+    md = (out / "coverage.md").read_text()
+    assert "73.68%" in md and "90.91%" in md and "50.00%" in md
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_output_passes_doctor(head, corpora, tmp_path):
+    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
+
+    target = tmp_path / "target"
+    write_tiny_deepseek_v3(target, TARGET)
+    shrink_vocab(head, FakeTokenizer(), corpora, SIZE, tmp_path / "out")
+    report = diagnose(target, tmp_path / "out", method="eagle3")
+    assert report.errors == [], report.format_text()
+
+
+def test_field_and_whole_file_text(head, tmp_path):
+    c = tmp_path / "c.jsonl"
+    c.write_text(json.dumps({"q": "t40 t40 t41", "prompt": "t1"}) + "\n")
+    d = tmp_path / "d.txt"
+    d.write_text("t50\nt50 t50\n")
+    report = shrink_vocab(head, FakeTokenizer(), [c, d], 11, tmp_path / "out", field="q",
+                          text_unit="file")
+    assert report.kept_ids == sorted(FORCED | {50, 40, 41})
+    assert [(x.records, x.tokens) for x in report.corpora] == [(1, 3), (1, 3)]
+
+
+def test_forced_tokens_without_template(head, corpora, tmp_path):
+    report = shrink_vocab(head, FakeTokenizer(template=None), corpora, SIZE, tmp_path / "o")
+    assert report.num_forced == 7  # "assistant:" no longer forced: one more frequent id
+    assert report.kept_ids == sorted((FORCED - {900}) | {5, 9, 7, 12, 2, 3, 4})
+
+
+def _refused(match: str, *args, **kwargs):
+    with pytest.raises(ShrinkVocabError, match=match):
+        shrink_vocab(*args, **kwargs)
+
+
+def _edit_config(head: Path, **changes):
+    cfg = json.loads((head / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (head / "config.json").write_text(json.dumps(cfg))
+
+
+def test_refuses_non_eagle3(head, corpora, tmp_path):
+    out = tmp_path / "out"
+    _edit_config(head, architectures=["LlamaForCausalLM"])
+    _refused(r"not an EAGLE-3 head: architectures \['LlamaForCausalLM'\] contain no 'Eagle3'",
+             head, FakeTokenizer(), corpora, SIZE, out)
+    _edit_config(head, architectures=["LlamaForCausalLMEagle3"])
+    tensors = load_file(head / "model.safetensors")
+    del tensors["fc.weight"]
+    save_file(tensors, head / "model.safetensors")
+    _refused("not an EAGLE-3 head: no fc.weight", head, FakeTokenizer(), corpora, SIZE, out)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("with_d2t,match", [
+    (True, r"already reduced \(has d2t and t2d\)"),
+    (False, "already reduced .*draft_vocab_size 512 < vocab_size 1280"),
+])
+def test_refuses_reduced_head(tmp_path, corpora, with_d2t, match):
+    head = tmp_path / "reduced"
+    write_tiny_eagle3(head, TARGET, TinyEagle3Spec(draft_vocab_size=512, with_d2t=with_d2t))
+    _refused(match, head, FakeTokenizer(), corpora, SIZE, tmp_path / "out")
+
+
+def test_refuses_lm_head_rows_mismatch(head, corpora, tmp_path):
+    _edit_config(head, vocab_size=1300, draft_vocab_size=None)  # absent = full vocab
+    _refused("lm_head.weight has 1280 rows .* config vocab_size is 1300",
+             head, FakeTokenizer(1300), corpora, SIZE, tmp_path / "out")
+
+
+def test_refuses_tokenizer_size_mismatch(head, corpora, tmp_path):
+    _refused(r"tokenizer has 1000 tokens \(len\(tokenizer\)\) but the head's vocab_size is 1280",
+             head, FakeTokenizer(1000), corpora, SIZE, tmp_path / "out")
+
+
+@pytest.mark.parametrize("size", [1280, 5000, 0])
+def test_refuses_bad_size(head, corpora, tmp_path, size):
+    _refused(f"smaller than the head's vocab_size 1280, got {size}",
+             head, FakeTokenizer(), corpora, size, tmp_path / "out")
+
+
+def test_refuses_size_below_forced(head, corpora, tmp_path):
+    _refused("8 special/chat-template tokens must be kept but --size is 4",
+             head, FakeTokenizer(), corpora, 4, tmp_path / "out")
+
+
+def test_refuses_empty_corpus(head, tmp_path):
+    out = tmp_path / "out"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    _refused("empty corpus: .*empty.txt has no records", head, FakeTokenizer(), [empty], 20, out)
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text('{"x": "t1"}\n')
+    _refused("empty corpus: .*nofield.jsonl has no usable records .*prompt, text, question",
+             head, FakeTokenizer(), [nofield], 20, out)
+    _refused("empty corpus: .*field 'body'", head, FakeTokenizer(), [nofield], 20, out,
+             field="body")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"prompt": ""}\n')
+    _refused("empty corpus: the corpora tokenize to 0 tokens", head, FakeTokenizer(), [blank],
+             20, out)
+    _refused("empty corpus: no corpus file given", head, FakeTokenizer(), [], 20, out)
+    _refused("does not exist", head, FakeTokenizer(), [tmp_path / "missing.txt"], 20, out)
+    assert not out.exists()
+
+
+def test_existing_output_needs_force(head, corpora, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    _refused("exists \\(use --force", head, FakeTokenizer(), corpora, SIZE, out)
+    assert (out / "stale.txt").exists()
+    shrink_vocab(head, FakeTokenizer(), corpora, SIZE, out, force=True)
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == SIZE
+    _refused("is the input head", head, FakeTokenizer(), corpora, SIZE, head, force=True)
+
+
+def test_failure_leaves_no_output(head, corpora, tmp_path, monkeypatch):
+    def boom(*_):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(sv, "_write_coverage", boom)  # the last write before the rename
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="disk full"):
+        shrink_vocab(head, FakeTokenizer(), corpora, SIZE, out)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # under --force the previous output survives a failed run untouched
+    out.mkdir()
+    (out / "keep.txt").write_text("previous")
+    with pytest.raises(RuntimeError, match="disk full"):
+        shrink_vocab(head, FakeTokenizer(), corpora, SIZE, out, force=True)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cli_registers_draft_group_and_keeps_doctor():
+    from vllm_kimi_ext.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["draft", "shrink-vocab", "--head", "h", "--tokenizer", "t",
+                              "--corpus", "a", "--corpus", "b", "--out", "o"])
+    assert args.corpus == ["a", "b"] and args.size == 32000 and args.field is None
+    assert not args.trust_remote_code and not args.force
+    args = parser.parse_args(["doctor", "--target", "t", "--draft", "d"])
+    assert args.func.__name__ == "run_doctor"

@@ -1,0 +1,581 @@
+"""Reduce a full-vocabulary EAGLE-3 head to a frequent-token draft vocabulary.
+
+The public Kimi-K2.5 EAGLE-3 heads predict over the full 163840-token
+vocabulary: every draft step ends in a ``[hidden, 163840]`` ``lm_head`` matmul
+and a 163840-wide argmax. EAGLE-3 supports a reduced draft vocabulary
+(``draft_vocab_size`` rows in ``lm_head`` plus a ``d2t`` map back to target ids,
+``d2t[i] = target_id - i``); vLLM 0.34.0 reads it natively.
+:func:`shrink_vocab` builds such a head from a full one, without retraining:
+
+1. tokens are counted on one or more corpora tokenized with the *target's*
+   tokenizer;
+2. the kept set is every *forced* id (the tokenizer's special and added tokens,
+   the tokens the chat template emits, bos/eos/pad of the tokenizer and of the
+   head's config) plus the most frequent remaining ids (ties broken by the
+   lower id, so the result is deterministic) up to ``size``;
+3. the output head is the input with ``lm_head.weight`` cut to the kept rows
+   (ascending target id), ``d2t`` (int64 ``[size]``) and ``t2d`` (bool
+   ``[vocab]``) added and ``draft_vocab_size`` set in ``config.json``, next to
+   ``coverage.json`` / ``coverage.md`` (share of corpus tokens the kept set
+   covers, per corpus file and overall).
+
+The output directory is written in a temporary sibling directory and renamed
+into place at the end: on any error nothing is left behind.
+
+Nothing here imports vLLM; torch and safetensors are imported when writing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .doctor import TensorIndex
+
+__all__ = [
+    "DEFAULT_FIELDS",
+    "DEFAULT_SIZE",
+    "CorpusCoverage",
+    "CoverageReport",
+    "ShrinkVocabError",
+    "chat_template_token_ids",
+    "count_corpus",
+    "forced_token_ids",
+    "iter_documents",
+    "select_kept_ids",
+    "shrink_vocab",
+]
+
+DEFAULT_SIZE = 32000
+#: Record fields tried, in order, when no ``field`` is given.
+DEFAULT_FIELDS = ("prompt", "text", "question", "turns", "content")
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_WEIGHT_INDEX = "model.safetensors.index.json"
+_JINJA_TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\}", re.DOTALL)
+
+
+class ShrinkVocabError(ValueError):
+    """The input cannot be reduced (the message names the mismatch)."""
+
+
+class TokenizerLike(Protocol):
+    all_special_ids: Sequence[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def __len__(self) -> int: ...
+
+
+# --------------------------------------------------------------------------- #
+# Report                                                                       #
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class CorpusCoverage:
+    """Token coverage of the kept set on one corpus file."""
+
+    path: str
+    records: int
+    skipped_records: int
+    tokens: int
+    covered_tokens: int
+    distinct_tokens: int
+
+    @property
+    def coverage(self) -> float:
+        return self.covered_tokens / self.tokens if self.tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "coverage": self.coverage}
+
+
+@dataclasses.dataclass
+class CoverageReport:
+    """What :func:`shrink_vocab` kept and how much of the corpora it covers."""
+
+    head: str
+    out_dir: str
+    vocab_size: int
+    size: int
+    num_forced: int  # special / added / chat-template / bos-eos-pad ids kept unconditionally
+    num_forced_unseen: int  # forced ids that never occur in the corpora
+    num_by_frequency: int  # size - num_forced
+    corpora: list[CorpusCoverage]
+    kept_ids: list[int] = dataclasses.field(repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.tokens for c in self.corpora)
+
+    @property
+    def covered_tokens(self) -> int:
+        return sum(c.covered_tokens for c in self.corpora)
+
+    @property
+    def coverage(self) -> float:
+        return self.covered_tokens / self.tokens if self.tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "head": self.head,
+            "out_dir": self.out_dir,
+            "vocab_size": self.vocab_size,
+            "size": self.size,
+            "num_forced": self.num_forced,
+            "num_forced_unseen": self.num_forced_unseen,
+            "num_by_frequency": self.num_by_frequency,
+            "overall": {"tokens": self.tokens, "covered_tokens": self.covered_tokens,
+                        "coverage": self.coverage},
+            "corpora": [c.to_dict() for c in self.corpora],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_markdown(self) -> str:
+        lines = [
+            "# Draft vocabulary coverage",
+            "",
+            f"- head: `{Path(self.head).name}`",
+            (f"- draft vocabulary: {self.size} of {self.vocab_size} target tokens "
+             f"({self.num_forced} forced special/template tokens, "
+             f"{self.num_by_frequency} by frequency)"),
+            f"- forced tokens never seen in the corpora: {self.num_forced_unseen}",
+            (f"- overall coverage: **{self.coverage:.2%}** "
+             f"({self.covered_tokens} of {self.tokens} corpus tokens)"),
+            "",
+            "| corpus | records | skipped | tokens | covered | coverage |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for c in self.corpora:
+            lines.append(f"| `{Path(c.path).name}` | {c.records} | {c.skipped_records} | "
+                         f"{c.tokens} | {c.covered_tokens} | {c.coverage:.2%} |")
+        lines.append(f"| **overall** | {sum(c.records for c in self.corpora)} | "
+                     f"{sum(c.skipped_records for c in self.corpora)} | {self.tokens} | "
+                     f"{self.covered_tokens} | {self.coverage:.2%} |")
+        return "\n".join(lines) + "\n"
+
+    def format_text(self) -> str:
+        out = [(f"kept {self.size} of {self.vocab_size} tokens ({self.num_forced} forced, "
+                f"{self.num_by_frequency} by frequency) -> {self.out_dir}"),
+               (f"coverage overall {self.coverage:.2%} "
+                f"({self.covered_tokens}/{self.tokens} tokens)")]
+        out += [f"  {c.path}: {c.coverage:.2%} ({c.covered_tokens}/{c.tokens} tokens, "
+                f"{c.records} records)" for c in self.corpora]
+        return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- #
+# Corpora                                                                      #
+# --------------------------------------------------------------------------- #
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _is_jsonl(path: Path) -> bool:
+    name = path.name.removesuffix(".gz")
+    suffix = Path(name).suffix.lower()
+    if suffix in _JSONL_SUFFIXES:
+        return True
+    if suffix == ".txt":
+        return False
+    with _open_text(path) as fh:  # sniff: first non-blank line is a JSON object
+        for line in fh:
+            if line.strip():
+                try:
+                    return isinstance(json.loads(line), dict)
+                except ValueError:
+                    return False
+    return False
+
+
+def _texts(value: Any) -> list[str] | None:
+    """Strings of a record field: a string, or a list of strings / of
+    ``{"content": str}`` / ``{"value": str}`` turns."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        out = []
+        for item in value:
+            if isinstance(item, str):
+                out.append(item)
+            elif isinstance(item, dict):
+                text = item.get("content", item.get("value"))
+                if isinstance(text, str):
+                    out.append(text)
+        return out or None
+    return None
+
+
+def iter_documents(
+    path: str | Path, field: str | None = None, text_unit: str = "line"
+) -> Iterator[list[str] | None]:
+    """One item per record of a corpus file: its texts, or ``None`` for a
+    record without a usable field (counted as skipped).
+
+    JSONL (``.jsonl`` / ``.ndjson`` / ``.json``, or any file whose first line is
+    a JSON object): ``field``, else the first of :data:`DEFAULT_FIELDS` present.
+    Plain text: one document per non-blank line (``text_unit="line"``) or the
+    whole file (``"file"``). A ``.gz`` suffix is decompressed.
+    """
+    path = Path(path)
+    fields = (field,) if field else DEFAULT_FIELDS
+    if _is_jsonl(path):
+        with _open_text(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:
+                    raise ShrinkVocabError(
+                        f"corpus {path}: line {lineno} is not valid JSON ({exc})") from None
+                texts = None
+                if isinstance(record, dict):
+                    for name in fields:
+                        if name in record:
+                            texts = _texts(record[name])
+                            if texts is not None:
+                                break
+                yield texts
+        return
+    if text_unit == "file":
+        with _open_text(path) as fh:
+            text = fh.read()
+        if text.strip():
+            yield [text]
+        return
+    if text_unit != "line":
+        raise ShrinkVocabError(f"text_unit must be 'line' or 'file', got {text_unit!r}")
+    with _open_text(path) as fh:
+        for line in fh:
+            line = line.rstrip("\r\n")
+            if line.strip():
+                yield [line]
+
+
+@dataclasses.dataclass
+class _Counted:
+    path: str
+    counts: Counter
+    records: int
+    skipped: int
+
+
+def count_corpus(
+    path: str | Path,
+    encode: Callable[[str], list[int]],
+    vocab_size: int,
+    *,
+    field: str | None = None,
+    text_unit: str = "line",
+    progress: bool | None = None,
+) -> _Counted:
+    """Token counts of one corpus file (tqdm progress bar over records)."""
+    from tqdm import tqdm
+
+    path = Path(path)
+    if not path.is_file():
+        raise ShrinkVocabError(f"corpus {path} does not exist or is not a file")
+    counts: Counter = Counter()
+    records = skipped = 0
+    # progress=None: tqdm's own choice (shown on a terminal only)
+    bar = tqdm(iter_documents(path, field, text_unit), desc=path.name, unit="rec",
+               disable=None if progress is None else not progress, leave=False)
+    for texts in bar:
+        if texts is None:
+            skipped += 1
+            continue
+        records += 1
+        for text in texts:
+            counts.update(encode(text))
+    bad = [t for t in counts if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ShrinkVocabError(
+            f"corpus {path}: the tokenizer produced id {min(bad) if min(bad) < 0 else max(bad)} "
+            f"outside the head's vocabulary [0, {vocab_size})")
+    if records == 0:
+        tried = f"field {field!r}" if field else "fields " + ", ".join(DEFAULT_FIELDS)
+        raise ShrinkVocabError(
+            f"empty corpus: {path} has no usable records ({skipped} record(s) without "
+            f"{tried})" if skipped else f"empty corpus: {path} has no records")
+    return _Counted(str(path), counts, records, skipped)
+
+
+# --------------------------------------------------------------------------- #
+# Kept set                                                                     #
+# --------------------------------------------------------------------------- #
+
+
+def _added_tokens(tokenizer: Any) -> dict[int, str]:
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    out = {}
+    for tid, tok in dict(decoder).items():
+        content = getattr(tok, "content", tok)
+        if isinstance(content, str):
+            out[int(tid)] = content
+    return out
+
+
+def _template_sources(template: Any) -> list[str]:
+    if isinstance(template, str):
+        return [template]
+    if isinstance(template, dict):
+        return [t for t in template.values() if isinstance(t, str)]
+    if isinstance(template, list):  # [{"name": ..., "template": ...}]
+        return [t.get("template") for t in template
+                if isinstance(t, dict) and isinstance(t.get("template"), str)]
+    return []
+
+
+def chat_template_token_ids(tokenizer: Any, chat_template: Any = None) -> set[int]:
+    """Ids the chat template emits: every added token whose text occurs in the
+    template (also inside quoted Jinja literals), plus the tokens of the
+    template's literal text outside Jinja tags (role names, separators)."""
+    template = chat_template if chat_template is not None else getattr(
+        tokenizer, "chat_template", None)
+    ids: set[int] = set()
+    for source in _template_sources(template):
+        ids.update(tid for tid, content in _added_tokens(tokenizer).items()
+                   if content and content in source)
+        for literal in _JINJA_TAG.split(source):
+            if literal:
+                ids.update(int(t) for t in tokenizer.encode(literal))
+    return ids
+
+
+def forced_token_ids(
+    tokenizer: Any, head_config: dict | None = None, chat_template: Any = None
+) -> set[int]:
+    """Ids kept whatever their frequency: the tokenizer's special and added
+    tokens, the chat template's tokens, bos/eos/pad of the tokenizer and of the
+    head's config."""
+    forced = {int(t) for t in getattr(tokenizer, "all_special_ids", None) or []}
+    forced |= set(_added_tokens(tokenizer))
+    forced |= chat_template_token_ids(tokenizer, chat_template)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        for source in (tokenizer, head_config or {}):
+            value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            forced.update(int(v) for v in values if v is not None)
+    return forced
+
+
+def select_kept_ids(counts: Counter, forced: Iterable[int], size: int,
+                    vocab_size: int) -> list[int]:
+    """``forced`` plus the most frequent other ids (ties: lower id first), sorted."""
+    forced = set(forced)
+    if len(forced) > size:
+        raise ShrinkVocabError(
+            f"{len(forced)} special/chat-template tokens must be kept but --size is {size}")
+    by_freq = sorted((t for t in range(vocab_size) if t not in forced),
+                     key=lambda t: (-counts.get(t, 0), t))
+    return sorted(forced | set(by_freq[: size - len(forced)]))
+
+
+# --------------------------------------------------------------------------- #
+# Head                                                                         #
+# --------------------------------------------------------------------------- #
+
+
+def _read_head(head_dir: Path) -> tuple[dict, TensorIndex, str, int]:
+    """Validated (config, tensor index, lm_head tensor name, vocab size)."""
+    cfg_path = head_dir / "config.json"
+    if not head_dir.is_dir():
+        raise ShrinkVocabError(f"head {head_dir} is not a directory")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ShrinkVocabError(f"head {head_dir}: cannot read config.json ({exc})") from None
+    try:
+        index = TensorIndex.from_dir(head_dir)
+    except (OSError, ValueError) as exc:
+        raise ShrinkVocabError(f"head {head_dir}: cannot read safetensors ({exc})") from None
+    archs = cfg.get("architectures") or []
+    if not any("eagle3" in str(a).lower() for a in archs):
+        raise ShrinkVocabError(
+            f"head {head_dir} is not an EAGLE-3 head: architectures {archs} contain no "
+            f"'Eagle3' class")
+    if index.find("fc.weight") is None:
+        raise ShrinkVocabError(
+            f"head {head_dir} is not an EAGLE-3 head: no fc.weight tensor "
+            f"(the aux-hidden-state fusion layer)")
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int) or vocab <= 0:
+        raise ShrinkVocabError(f"head {head_dir}: config.json has no valid vocab_size ({vocab!r})")
+    dvocab = cfg.get("draft_vocab_size")
+    reduced_tensors = [n for n in ("d2t", "t2d") if index.find(n) is not None]
+    if reduced_tensors or (dvocab is not None and dvocab != vocab):
+        what = (f"has {' and '.join(reduced_tensors)}" if reduced_tensors
+                else f"has draft_vocab_size {dvocab} < vocab_size {vocab}")
+        raise ShrinkVocabError(
+            f"head {head_dir} is already reduced ({what}); shrink a full-vocabulary head")
+    lm_head = index.find("lm_head.weight")
+    if lm_head is None:
+        raise ShrinkVocabError(f"head {head_dir} has no lm_head.weight tensor")
+    shape = index.shape(lm_head)
+    if len(shape) != 2 or shape[0] != vocab:
+        raise ShrinkVocabError(
+            f"head {head_dir}: lm_head.weight has {shape[0]} rows (shape {list(shape)}) but "
+            f"config vocab_size is {vocab}")
+    return cfg, index, lm_head, vocab
+
+
+def _write_head(head_dir: Path, tmp: Path, cfg: dict, index: TensorIndex, lm_head: str,
+                kept: list[int], vocab: int) -> None:
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    kept_t = torch.tensor(kept, dtype=torch.int64)
+    d2t = kept_t - torch.arange(len(kept), dtype=torch.int64)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[kept_t] = True
+    lm_file = index.entries[lm_head][2]
+    files = sorted(head_dir.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="pt") as fh:
+            metadata = fh.metadata()
+            names = list(fh.keys())
+            tensors = {name: fh.get_tensor(name) for name in names}
+        if file == lm_file:
+            tensors[lm_head] = tensors[lm_head].index_select(0, kept_t).contiguous()
+            tensors["d2t"] = d2t
+            tensors["t2d"] = t2d
+        save_file(tensors, str(tmp / file.name), metadata=metadata or {"format": "pt"})
+        del tensors
+    weight_index = head_dir / _WEIGHT_INDEX
+    if weight_index.is_file():
+        data = json.loads(weight_index.read_text())
+        data.setdefault("weight_map", {}).update({"d2t": lm_file.name, "t2d": lm_file.name})
+        data.get("metadata", {}).pop("total_size", None)  # sizes changed
+        (tmp / _WEIGHT_INDEX).write_text(json.dumps(data, indent=2) + "\n")
+    new_cfg = dict(cfg)
+    new_cfg["draft_vocab_size"] = len(kept)
+    (tmp / "config.json").write_text(json.dumps(new_cfg, indent=2) + "\n")
+    skip = {"config.json", _WEIGHT_INDEX, "coverage.json", "coverage.md"}
+    for item in head_dir.iterdir():
+        if item.name in skip or item.suffix == ".safetensors":
+            continue
+        if item.is_dir():
+            shutil.copytree(item, tmp / item.name, symlinks=False)
+        else:
+            shutil.copy2(item, tmp / item.name)
+
+
+def _write_coverage(tmp: Path, report: CoverageReport) -> None:
+    (tmp / "coverage.json").write_text(report.to_json() + "\n")
+    (tmp / "coverage.md").write_text(report.to_markdown())
+
+
+# --------------------------------------------------------------------------- #
+# Entry point                                                                  #
+# --------------------------------------------------------------------------- #
+
+
+def shrink_vocab(
+    head_dir: str | Path,
+    tokenizer: TokenizerLike,
+    corpora: Sequence[str | Path] | str | Path,
+    size: int = DEFAULT_SIZE,
+    out_dir: str | Path | None = None,
+    field: str | None = None,
+    *,
+    force: bool = False,
+    text_unit: str = "line",
+    chat_template: Any = None,
+    progress: bool | None = None,
+) -> CoverageReport:
+    """Write a ``size``-token EAGLE-3 head to ``out_dir`` (see the module doc).
+
+    ``tokenizer``: the target's tokenizer, any object with ``encode(str) ->
+    list[int]`` (what it returns is counted: pass one that adds no BOS),
+    ``all_special_ids`` and ``__len__``; ``added_tokens_decoder``,
+    ``chat_template`` and ``bos/eos/pad_token_id`` are used when present.
+    ``chat_template`` overrides the tokenizer's. Raises
+    :class:`ShrinkVocabError` naming the mismatch; on any error ``out_dir`` is
+    left as it was (absent, or the previous directory under ``force``).
+    """
+    if out_dir is None:
+        raise ShrinkVocabError("out_dir is required")
+    head_dir, out_dir = Path(head_dir), Path(out_dir)
+    corpora = [corpora] if isinstance(corpora, (str, Path)) else list(corpora)
+    if not corpora:
+        raise ShrinkVocabError("empty corpus: no corpus file given")
+    if out_dir.exists() and out_dir.resolve() == head_dir.resolve():
+        raise ShrinkVocabError(f"output directory {out_dir} is the input head")
+    if out_dir.exists() and not force:
+        raise ShrinkVocabError(f"output directory {out_dir} exists (use --force to replace it)")
+
+    cfg, index, lm_head, vocab = _read_head(head_dir)
+    n_tok = len(tokenizer)
+    if n_tok != vocab:
+        raise ShrinkVocabError(
+            f"tokenizer has {n_tok} tokens (len(tokenizer)) but the head's vocab_size is "
+            f"{vocab}: it is not the target's tokenizer")
+    if not isinstance(size, int) or size <= 0 or size >= vocab:
+        raise ShrinkVocabError(
+            f"size must be a positive number smaller than the head's vocab_size {vocab}, "
+            f"got {size}")
+
+    counted = [count_corpus(p, tokenizer.encode, vocab, field=field, text_unit=text_unit,
+                            progress=progress) for p in corpora]
+    total: Counter = Counter()
+    for c in counted:
+        total.update(c.counts)
+    if sum(total.values()) == 0:
+        raise ShrinkVocabError(
+            "empty corpus: the corpora tokenize to 0 tokens ("
+            + ", ".join(c.path for c in counted) + ")")
+
+    forced = {t for t in forced_token_ids(tokenizer, cfg, chat_template) if 0 <= t < vocab}
+    kept = select_kept_ids(total, forced, size, vocab)
+    kept_set = set(kept)
+    report = CoverageReport(
+        head=str(head_dir), out_dir=str(out_dir), vocab_size=vocab, size=size,
+        num_forced=len(forced), num_forced_unseen=sum(1 for t in forced if not total.get(t)),
+        num_by_frequency=size - len(forced),
+        corpora=[CorpusCoverage(
+            path=c.path, records=c.records, skipped_records=c.skipped,
+            tokens=sum(c.counts.values()),
+            covered_tokens=sum(n for t, n in c.counts.items() if t in kept_set),
+            distinct_tokens=len(c.counts)) for c in counted],
+        kept_ids=kept)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    old: Path | None = None
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would outlive the rename
+        _write_head(head_dir, tmp, cfg, index, lm_head, kept, vocab)
+        _write_coverage(tmp, report)
+        if out_dir.exists():
+            if not force:  # appeared while we were writing
+                raise ShrinkVocabError(f"output directory {out_dir} exists "
+                                       f"(use --force to replace it)")
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{tmp.name[-8:]}"
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not out_dir.exists():
+            os.rename(old, out_dir)  # put the previous output back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return report
