@@ -5,7 +5,9 @@ of this repository. Each line is ``<path or node-id prefix>  # reason``:
 
 * an entry ending in ``.py`` is not even imported (modules that fail at import
   on a GPU-less machine or need packages that only serve model-hub tests);
-* any other entry deselects every collected test whose node id starts with it.
+* any other entry deselects the test with that node id, all its parametrizations
+  (``id[...]``) and, for a class, its methods (``id::...``); an entry that
+  already contains ``[`` matches parametrizations by prefix.
 
 An entry that matches nothing is reported, so the list cannot silently rot.
 """
@@ -46,11 +48,17 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def _matches(nodeid: str, entry: str) -> bool:
+    if "[" in entry:
+        return nodeid.startswith(entry)
+    return nodeid == entry or nodeid.startswith((entry + "[", entry + "::"))
+
+
 def pytest_collection_modifyitems(config, items):
     prefixes = [e for e, _ in _entries if not e.endswith(".py")]
     keep, drop = [], []
     for item in items:
-        hit = next((p for p in prefixes if item.nodeid.startswith(p)), None)
+        hit = next((p for p in prefixes if _matches(item.nodeid, p)), None)
         if hit:
             _used.add(hit)
             drop.append(item)
