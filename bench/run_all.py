@@ -141,7 +141,7 @@ def report_markdown(res: dict, planned, outcomes: dict[str, S.Outcome]) -> str:
                  [[r["section"], r["item"], r["why"]] for r in res["skipped"]])
         if res["skipped"] else "Nothing was skipped.",
     ]
-    for spec, why in planned:
+    for spec, _why in planned:
         oc = outcomes.get(spec.name)
         if oc is None or oc.status == "skipped":
             continue

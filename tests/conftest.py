@@ -36,7 +36,8 @@ def pytest_collection_modifyitems(config, items):
             ndev = _cuda_devices() if ndev is None else ndev
             need = 2 if "multi_gpu" in item.keywords else 1
             if ndev < need:
-                item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA device(s), found {ndev}"))
+                reason = f"needs {need} CUDA device(s), found {ndev}"
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

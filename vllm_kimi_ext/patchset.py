@@ -397,7 +397,8 @@ def export_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
             dest = patch_dir / name
             if not dest.exists() or dest.read_bytes() != new:
                 dest.write_bytes(new)
-                _progress(f"wrote {dest.relative_to(REPO_ROOT) if dest.is_relative_to(REPO_ROOT) else dest}")
+                shown = dest.relative_to(REPO_ROOT) if dest.is_relative_to(REPO_ROOT) else dest
+                _progress(f"wrote {shown}")
         for stale in sorted(old - set(produced)):
             (patch_dir / stale).unlink()
             _progress(f"removed {stale} (no longer on {FORK_BRANCH})")

@@ -53,7 +53,7 @@ def test_list(capsys):
 def test_unknown_profile_lists_valid_names(flag, name, valid, capsys):
     assert main(["plan", flag, name]) == 2
     err = capsys.readouterr().err
-    assert f"unknown" in err and repr(name) in err and valid in err and "valid:" in err
+    assert "unknown" in err and repr(name) in err and valid in err and "valid:" in err
 
 
 def test_draft_without_acceptance_asks_for_it(capsys):

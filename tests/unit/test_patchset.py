@@ -182,7 +182,9 @@ def test_sdist_tree_is_created_atomically(tmp_path):
     """A bad archive leaves no half-made tree behind."""
     bad = tmp_path / "vllm-0.34.0.tar.gz"
     bad.write_bytes(b"not a tarball")
-    with pytest.raises(Exception):
+    import tarfile
+
+    with pytest.raises(tarfile.ReadError):
         patchset.create_tree_from_sdist(bad, tmp_path / "tree")
     assert not (tmp_path / "tree").exists()
     assert not list(tmp_path.glob(".vllm-src-*"))

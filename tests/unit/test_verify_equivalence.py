@@ -75,7 +75,7 @@ def _draft_aligned_logits(g, batch, V, scale=3.0, hit=0.5, boost=6.0):
 @pytest.mark.parametrize("V", [37, 64, 101])
 def test_random_mixed_batches(tp, V):
     g = torch.Generator().manual_seed(1000 * tp + V)
-    for trial in range(3):
+    for _trial in range(3):
         b = _random_batch(g, 40, V, 4, greedy_frac=0.35, top_k_frac=0.3, min_p_frac=0.2,
                           placeholder_frac=0.05)
         z = _draft_aligned_logits(g, b, V)

@@ -63,6 +63,7 @@ from vllm_kimi_ext.tokenizers.tokenization_kimi import (  # noqa: E402
     KIMI_PAT_STR,
     NUM_RESERVED_SPECIAL_TOKENS,
 )
+
 REAL_KIMI_N_RANKS = 163584
 
 #: Named reserved slots, as offsets from ``n_ranks`` (Kimi-K2.5 layout).  The

@@ -356,8 +356,8 @@ def launch_decide(gathered, cu, draft, temp, seeds, pos, sampled, num_sampled, d
     assert gathered.stride(2) == 1
     num_reqs = cu.shape[0] - 1
     _decide_kernel[(num_reqs,)](
-        gathered, gathered.stride(0), gathered.stride(1), cu, draft, temp, seeds, pos, sampled, sampled.shape[1], num_sampled,
-        drow, margin, vocab_size,
+        gathered, gathered.stride(0), gathered.stride(1), cu, draft, temp, seeds, pos,
+        sampled, sampled.shape[1], num_sampled, drow, margin, vocab_size,
         TP=tp, PTP=triton.next_power_of_2(tp), W=w,
         PLEN=triton.next_power_of_2(sampled.shape[1]), num_warps=1,
     )

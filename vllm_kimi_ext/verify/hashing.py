@@ -116,7 +116,9 @@ def row_keys(
 
 
 def element_hash(h1: torch.Tensor, h2: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """32-bit hash of ``(row keys, token id)``; broadcasts ``h1/h2 [R, 1]`` with ``token_ids [1, N]``."""
+    """32-bit hash of ``(row keys, token id)``.
+
+    Broadcasts ``h1/h2 [R, 1]`` with ``token_ids [1, N]``."""
     x = (h1 + mul32(token_ids.to(torch.int64) & M32, GOLDEN32)).bitwise_and_(M32)
     _lowbias32_(x)
     x.bitwise_xor_(h2)
