@@ -208,8 +208,11 @@ def upstream_tests(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks this machine can run; writes bench/out/ (see bench/README.md)."""
     _require_env(session)
+    # GPU-less machines use vLLM's CPU platform for the gloo sections; on a CUDA
+    # machine vLLM must pick its CUDA platform (the e2e runner starts `vllm serve`).
+    env = {} if _cuda_available() else {"VLLM_TARGET_DEVICE": "cpu"}
     session.run(_py(), str(ROOT / "bench" / "run_all.py"), *session.posargs, external=True,
-                env={"VLLM_TARGET_DEVICE": "cpu"})
+                env=env)
 
 
 @nox.session(default=False)
