@@ -38,6 +38,7 @@ BUILD_DIR = ROOT / "build"
 DEFAULT_TREE = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}"
 TREE_POINTER = BUILD_DIR / "vllm-src"  # records which tree apply-patches used
 TORCH_PIN = "torch==2.13.0"  # vLLM 0.34.0 pins 2.14.0 for CUDA; 2.13.0 runs it on CPU
+TORCH_CUDA_PIN = "torch==2.14.0"  # requirements/cuda.txt of vLLM 0.34.0 (kernels built for it)
 # What vLLM's own tests import beyond vLLM's runtime requirements (its conftest
 # uses tblib; async tests need pytest-asyncio; a timeout guards hangs).
 UPSTREAM_TEST_REQUIREMENTS = ["tblib", "pytest-asyncio", "pytest-timeout"]
@@ -139,10 +140,10 @@ def apply_patches(session: nox.Session) -> None:
                                        precompiled_wheel=args.precompiled_wheel)
     except patchset.PatchSetError as exc:
         session.error(str(exc))
-    if not cuda:
-        # the CPU build of torch; installing it first keeps pip from resolving
-        # vLLM's CUDA torch pin during the editable install
-        _pip(session, TORCH_PIN)
+    # torch first: a --no-build-isolation install needs it in the environment.
+    # GPU-less: the CPU build, which also keeps pip from resolving vLLM's CUDA
+    # torch pin; CUDA: the release the precompiled kernels were built against.
+    _pip(session, TORCH_CUDA_PIN if cuda else TORCH_PIN)
     _pip(session, *patchset.BUILD_REQUIREMENTS)
     if not _installed_from(tree):
         session.log(f"installing {tree} editable ({build_env['VLLM_TARGET_DEVICE']} build)")
