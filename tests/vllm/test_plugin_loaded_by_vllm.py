@@ -40,3 +40,37 @@ def test_disabled_plugin_changes_nothing():
     proc = _run({})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "APPLIED {}" in proc.stdout
+
+
+_CONFIG_PROBE = """
+import sys
+from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, write_tiny_eagle3, write_tiny_kimi_k25
+from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+root = sys.argv[1]
+write_tiny_kimi_k25(root + "/target")
+write_tiny_eagle3(root + "/draft", None, TinyEagle3Spec(draft_vocab_size=512, with_d2t=False))
+try:
+    make_vllm_config(root + "/target", speculative_config={
+        "method": "eagle3", "model": root + "/draft", "num_speculative_tokens": 3})
+except Exception as exc:
+    print("REFUSED " + str(exc).replace("\\n", " "))
+else:
+    print("ACCEPTED")
+"""
+
+
+def test_enabled_plugin_refuses_a_bad_draft_while_vllm_builds_its_config(tmp_path):
+    """`vllm serve` builds EngineArgs, which loads general plugins, then the config:
+    with the plugin on, a reduced-vocab EAGLE-3 head without d2t is refused there,
+    before any weight is loaded; with it off, vLLM 0.34.0 config accepts it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_KIMI_EXT")}
+    env.update({"VLLM_TARGET_DEVICE": "cpu", "VLLM_PLUGINS": "kimi_ext", "VLLM_KIMI_EXT": "1"})
+    on = subprocess.run([sys.executable, "-c", _CONFIG_PROBE, str(tmp_path / "on")],
+                        capture_output=True, text=True, env=env, timeout=300)
+    assert on.returncode == 0, on.stderr[-2000:]
+    assert "REFUSED" in on.stdout and "E-D2T-MISSING" in on.stdout, on.stdout[-2000:]
+    env.pop("VLLM_KIMI_EXT")
+    off = subprocess.run([sys.executable, "-c", _CONFIG_PROBE, str(tmp_path / "off")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert "ACCEPTED" in off.stdout, off.stdout[-2000:]
