@@ -40,7 +40,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -58,6 +57,7 @@ from vllm_kimi_ext.benchmarks.common import (
     scrub,
 )
 from vllm_kimi_ext.benchmarks.schema import E2E_SCHEMA
+from vllm_kimi_ext.testing.distributed import free_port  # stdlib only
 
 CONFIG_KEYS = {
     "name": str, "model": str, "served_model_name": str, "serve_args": list,
@@ -422,12 +422,6 @@ def parse_collective_lines(text: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------
 # HTTP
 # ---------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:

@@ -12,9 +12,9 @@ keeps only its vocabulary shard, verifies through real all-gathers and checks
 
 from __future__ import annotations
 
-import socket
-
 import torch
+
+from vllm_kimi_ext.testing.distributed import free_port  # stdlib only
 
 from .batch import VerifyBatch
 from .reference import ReferenceVerifier
@@ -60,12 +60,6 @@ def scenarios(vocab_size: int = 1001, num_reqs: int = 48, k: int = 3):
     b = b.replace(draft_token_ids=torch.where(b.layout().is_bonus, -1, x))
     out.append(("probabilistic", z, b, q))
     return out
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker(rank: int, world_size: int, port: int, backend: str = "gloo",
