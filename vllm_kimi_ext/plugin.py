@@ -8,7 +8,9 @@ Nothing happens unless ``VLLM_KIMI_EXT=1``: installing the package must not
 change vLLM's behaviour. When enabled, the plugin first checks the pin
 (:mod:`vllm_kimi_ext.compat`) and refuses — raising, which stops vLLM before
 anything is served — on a vLLM other than 0.34.0 or a tree whose applied patch
-series differs from this package's.
+series differs from this package's. It then registers ``method: "kimi_tli"``
+(a draft model with another tokenizer, lossless;
+:mod:`vllm_kimi_ext.drafts.tli_config`) and applies the runtime patches.
 
 Environment (read at call time):
 
@@ -47,6 +49,18 @@ def _count_every() -> int:
         raise ValueError(f"{COUNT_ENV} must be an integer step interval, got {raw!r}") from exc
 
 
+def register_speculative_methods() -> list[str]:
+    """Register this project's speculative methods with vLLM's custom-speculator
+    API (re-entrant: vLLM accepts the same registration twice)."""
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
+
+    from vllm_kimi_ext.drafts.tli_config import TLI_METHOD
+
+    register_speculative_method(
+        TLI_METHOD, "vllm_kimi_ext.drafts.tli_config.TLISpeculatorConfig")
+    return [TLI_METHOD]
+
+
 def register() -> None:
     """Entry point vLLM calls; see the module docstring."""
     if not enabled():
@@ -61,6 +75,7 @@ def register() -> None:
         return
     from vllm_kimi_ext import runtime_patches
 
+    register_speculative_methods()
     runtime_patches.apply_all(count_every=_count_every())
     _state["registered"] = True
     logger.info("vllm-kimi-ext active (pid %d)", os.getpid())

@@ -64,6 +64,8 @@ def check_speculative_config(vllm_config) -> None:
     if spec is None or model_config is None:
         return
     method = spec.method
+    if getattr(spec, "custom_method", None) is not None:
+        return  # a registered method validates its own draft (kimi_tli: tli_config)
     if method == "draft_model" and spec.draft_model_config is not None:
         _check_draft_tokenizer(model_config, spec.draft_model_config)
         return

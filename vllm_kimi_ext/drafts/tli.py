@@ -1,0 +1,321 @@
+"""Index maps that let a draft with *another tokenizer* draft for a Kimi target.
+
+:mod:`vllm_kimi_ext.drafts.cross_tokenizer` holds the algorithm (Token-Level
+Intersection: restrict the draft distribution to the tokens both vocabularies
+share, renormalize, map to target ids, verify with standard rejection sampling).
+This module builds what a serving engine needs to run it:
+
+* ``shared_draft_ids`` / ``shared_target_ids``: the intersection as two aligned
+  index vectors.  The proposal logits over the target vocabulary are the draft's
+  logits scattered to ``shared_target_ids`` with ``-inf`` elsewhere; a softmax of
+  that row *is* the restricted, renormalized TLI distribution, so vLLM's own
+  Gumbel sampler, draft-logits cache and rejection sampler run unchanged on it.
+* ``target_to_draft_input``: one draft id per target id, to feed the draft the
+  context it has to condition on.  The draft runs position-aligned with the
+  target (same positions, same KV slots), so each target token becomes exactly
+  one draft token: its exact counterpart when the token is shared, otherwise the
+  draft token that is the *longest suffix* of its bytes (the most recent text is
+  what predicts the next token best).  This projection is a heuristic for
+  acceptance only -- whatever the draft conditions on, the proposal is drawn from
+  the distribution the verifier is given, so the output distribution is the
+  target's (see the proof in :mod:`~vllm_kimi_ext.drafts.cross_tokenizer`).
+
+Tokenizers are read from disk: Kimi-format directories (``tiktoken.model`` +
+``tokenizer_config.json``) and Hugging Face ``tokenizer.json`` BPE vocabularies
+(byte-level as in Qwen / Llama-3, or SentencePiece-style ``▁`` with byte
+fallback as in Llama-2 / Mistral).  Regular tokens are keyed by their byte
+strings; special and added tokens by their names, so Kimi's ``<|im_end|>``
+matches another family's ``<|im_end|>`` but never the text "<|im_end|>".
+
+No vLLM import here: the maps are built and tested without it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .cross_tokenizer import VocabIntersection, build_intersection
+
+__all__ = [
+    "TLIConfigError",
+    "TLIMaps",
+    "build_tli_maps",
+    "tokenizer_kind",
+    "vocab_keys",
+]
+
+Key = bytes | str | None
+
+
+class TLIConfigError(ValueError):
+    """A cross-tokenizer draft that cannot be set up (named reason)."""
+
+
+# ------------------------------------------------------------------ vocabulary keys
+
+
+def tokenizer_kind(directory: str | Path) -> str | None:
+    """``"kimi"`` (tiktoken rank file), ``"hf"`` (tokenizer.json) or None."""
+    from vllm_kimi_ext.tokenizers.check import RANK_FILE_NAMES
+
+    d = Path(directory)
+    if any((d / n).is_file() for n in RANK_FILE_NAMES):
+        return "kimi"
+    if (d / "tokenizer.json").is_file():
+        return "hf"
+    return None
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """Inverse of the GPT-2 byte -> printable-unicode table used by byte-level BPE."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _component_types(node: Any) -> set[str]:
+    """Every ``type`` in a tokenizer.json normalizer/pre-tokenizer/decoder tree."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("type"), str):
+            found.add(node["type"])
+        for v in node.values():
+            found |= _component_types(v)
+    elif isinstance(node, list):
+        for v in node:
+            found |= _component_types(v)
+    return found
+
+
+def hf_vocab_keys(directory: str | Path) -> list[Key]:
+    """Per-id keys of a Hugging Face ``tokenizer.json`` BPE vocabulary."""
+    path = Path(directory) / "tokenizer.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TLIConfigError(f"{path}: cannot read tokenizer.json ({exc})") from exc
+    model = data.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise TLIConfigError(
+            f"{path}: model type {model.get('type')!r} is not supported for cross-tokenizer "
+            "drafting (BPE vocabularies only: byte-level or SentencePiece-style)")
+    types = _component_types([data.get("pre_tokenizer"), data.get("decoder")])
+    byte_level = "ByteLevel" in types
+    decoder = _gpt2_byte_decoder() if byte_level else None
+    vocab: dict[str, int] = model["vocab"]
+    added = data.get("added_tokens") or []
+    size = 1 + max([*vocab.values(), *(int(a["id"]) for a in added)], default=-1)
+    keys: list[Key] = [None] * size
+
+    for token, tid in vocab.items():
+        if byte_level:
+            try:
+                keys[tid] = bytes(decoder[c] for c in token)
+            except KeyError as exc:
+                raise TLIConfigError(
+                    f"{path}: token {token!r} (id {tid}) has a character outside the "
+                    "byte-level alphabet") from exc
+        elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            keys[tid] = bytes([int(token[3:5], 16)])  # byte-fallback token
+        else:
+            keys[tid] = token.replace("\u2581", " ").encode("utf-8")
+    for entry in added:  # added tokens are atomic control tokens: keyed by name
+        keys[int(entry["id"])] = str(entry["content"])
+    return keys
+
+
+def vocab_keys(directory: str | Path) -> list[Key]:
+    """Per-id keys (bytes / special name / None) of a tokenizer directory."""
+    kind = tokenizer_kind(directory)
+    if kind == "kimi":
+        from vllm_kimi_ext.tokenizers.check import TokenizerInputError, load_tokenizer_dir
+
+        try:
+            return load_tokenizer_dir(directory).id_keys()
+        except TokenizerInputError as exc:
+            raise TLIConfigError(str(exc)) from exc
+    if kind == "hf":
+        return hf_vocab_keys(directory)
+    raise TLIConfigError(
+        f"{directory}: no tokenizer found (needs a Kimi-format tiktoken.model or a Hugging "
+        "Face tokenizer.json)")
+
+
+# ----------------------------------------------------------------------------- maps
+
+
+def _reserved(key: Key) -> bool:
+    return isinstance(key, str) and key.startswith("<|reserved_token_")
+
+
+def _sized(keys: list[Key], size: int | None, where: str, role: str) -> list[Key]:
+    if size is None:
+        return keys
+    extra = [i for i in range(size, len(keys)) if keys[i] is not None]
+    if extra:
+        raise TLIConfigError(
+            f"{role} tokenizer {where} defines ids up to {extra[-1]} but the {role} model's "
+            f"vocab_size is {size}: the tokenizer does not belong to this model")
+    return keys[:size] + [None] * (size - len(keys))
+
+
+@dataclass(frozen=True)
+class TLIMaps:
+    """What the engine needs for Token-Level-Intersection drafting."""
+
+    intersection: VocabIntersection
+    target_to_draft_input: torch.Tensor  # int64 [target_vocab]: the draft id fed per target id
+    num_exact_inputs: int  # target ids whose draft input is their exact counterpart
+    num_suffix_inputs: int  # ... the longest draft suffix of their bytes
+    num_default_inputs: int  # ... the default id (no byte overlap / holes)
+    target_regular: int  # target ids keyed by bytes
+    shared_regular: int
+    shared_special: list[str] = field(default_factory=list)
+    default_input_id: int = 0
+
+    @property
+    def shared_draft_ids(self) -> torch.Tensor:
+        return self.intersection.shared_draft_ids
+
+    @property
+    def shared_target_ids(self) -> torch.Tensor:
+        return self.intersection.shared_target_ids
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.intersection.target_vocab_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.intersection.draft_vocab_size
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "target_vocab_size": self.target_vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "shared_tokens": self.intersection.size,
+            "shared_regular_tokens": self.shared_regular,
+            "target_regular_tokens": self.target_regular,
+            "shared_regular_fraction": (
+                self.shared_regular / self.target_regular if self.target_regular else 0.0),
+            "shared_special_tokens": self.shared_special,
+            "draft_inputs_exact": self.num_exact_inputs,
+            "draft_inputs_longest_suffix": self.num_suffix_inputs,
+            "draft_inputs_default": self.num_default_inputs,
+        }
+
+    def describe(self) -> str:
+        s = self.summary()
+        return (f"{s['shared_tokens']} shared tokens ({s['shared_regular_tokens']}/"
+                f"{s['target_regular_tokens']} = {100 * s['shared_regular_fraction']:.1f}% of "
+                f"the target's regular tokens, {len(self.shared_special)} special); draft "
+                f"inputs: {s['draft_inputs_exact']} exact, {s['draft_inputs_longest_suffix']} "
+                f"by longest suffix, {s['draft_inputs_default']} default")
+
+    # -- the two operations the speculator performs on device ---------------------
+
+    def scatter_logits(self, draft_logits: torch.Tensor, shared_draft: torch.Tensor | None = None,
+                       shared_target: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N, Vd]`` draft logits -> ``[N, Vt]`` proposal logits (``-inf`` off the
+        intersection).  Softmax of the result = the TLI distribution."""
+        src = self.shared_draft_ids if shared_draft is None else shared_draft
+        dst = self.shared_target_ids if shared_target is None else shared_target
+        return scatter_to_target(draft_logits, src.to(draft_logits.device),
+                                 dst.to(draft_logits.device), self.target_vocab_size)
+
+    def draft_inputs(self, target_ids: torch.Tensor) -> torch.Tensor:
+        return project_inputs(target_ids, self.target_to_draft_input.to(target_ids.device))
+
+
+def scatter_to_target(draft_logits: torch.Tensor, shared_draft: torch.Tensor,
+                      shared_target: torch.Tensor, target_vocab_size: int) -> torch.Tensor:
+    out = draft_logits.new_full((draft_logits.shape[0], target_vocab_size), float("-inf"))
+    out[:, shared_target] = draft_logits.index_select(1, shared_draft)
+    return out
+
+
+def project_inputs(target_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Draft ids for target ids (same dtype); ids outside the table (padding) -> clamped."""
+    idx = target_ids.long().clamp(0, table.numel() - 1)
+    return table.index_select(0, idx).to(target_ids.dtype)
+
+
+def build_tli_maps(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    *,
+    target_vocab_size: int | None = None,
+    draft_vocab_size: int | None = None,
+    min_shared_tokens: int = 1,
+) -> TLIMaps:
+    """Build the maps for a target and a draft tokenizer directory.
+
+    ``*_vocab_size`` are the models' logits widths (ids past the tokenizer are
+    holes); a tokenizer with ids beyond its model's width is refused.  Fewer than
+    ``min_shared_tokens`` shared tokens is refused: the draft could propose
+    almost nothing.
+    """
+    t_keys = _sized([None if _reserved(k) else k for k in vocab_keys(target_dir)],
+                    target_vocab_size, str(target_dir), "target")
+    d_keys = _sized([None if _reserved(k) else k for k in vocab_keys(draft_dir)],
+                    draft_vocab_size, str(draft_dir), "draft")
+    try:
+        inter = build_intersection(d_keys, t_keys)
+    except ValueError as exc:
+        raise TLIConfigError(str(exc)) from exc
+    if inter.size < max(1, min_shared_tokens):
+        raise TLIConfigError(
+            f"draft tokenizer {draft_dir} and target tokenizer {target_dir} share "
+            f"{inter.size} tokens (< {max(1, min_shared_tokens)} required): token-level "
+            "intersection drafting would propose (almost) nothing")
+
+    draft_bytes = {k: i for i, k in enumerate(d_keys) if isinstance(k, bytes)}
+    max_len = max((len(k) for k in draft_bytes), default=0)
+    default_id = 0
+    table = torch.empty(len(t_keys), dtype=torch.int64)
+    t2d = inter.target_to_draft.tolist()
+    n_exact = n_suffix = n_default = 0
+    for tid, key in enumerate(t_keys):
+        if t2d[tid] >= 0:
+            table[tid] = t2d[tid]
+            n_exact += 1
+            continue
+        if isinstance(key, bytes):
+            raw = key
+        else:  # a special token's name, or b"" for a hole
+            raw = key.encode("utf-8") if isinstance(key, str) else b""
+        found = None
+        for start in range(max(0, len(raw) - max_len), len(raw)):
+            found = draft_bytes.get(raw[start:])
+            if found is not None:
+                break
+        if found is None:
+            table[tid] = default_id
+            n_default += 1
+        else:
+            table[tid] = found
+            n_suffix += 1
+    shared_ids = inter.shared_target_ids.tolist()
+    return TLIMaps(
+        intersection=inter,
+        target_to_draft_input=table,
+        num_exact_inputs=n_exact,
+        num_suffix_inputs=n_suffix,
+        num_default_inputs=n_default,
+        target_regular=sum(isinstance(k, bytes) for k in t_keys),
+        shared_regular=sum(isinstance(t_keys[i], bytes) for i in shared_ids),
+        shared_special=sorted(t_keys[i] for i in shared_ids if isinstance(t_keys[i], str)),
+        default_input_id=default_id,
+    )
