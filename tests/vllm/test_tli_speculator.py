@@ -24,8 +24,8 @@ import textwrap
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, write_tiny_kimi_k25
-from vllm_kimi_ext.testing.tli_scenarios import write_retokenized_draft, write_target_tokenizer
+from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec
+from vllm_kimi_ext.testing.tli_scenarios import write_retokenized_draft, write_tli_target
 
 pytestmark = pytest.mark.vllm
 
@@ -35,11 +35,8 @@ ALPHA = 1e-3
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    target = tmp_path_factory.mktemp("tli-target")
-    write_tiny_kimi_k25(target)
-    write_target_tokenizer(target)
-    draft = write_retokenized_draft(target, tmp_path_factory.mktemp("tli-draft"))
-    return target, draft
+    target = write_tli_target(tmp_path_factory.mktemp("tli-target"))
+    return target, write_retokenized_draft(target, tmp_path_factory.mktemp("tli-draft"))
 
 
 @pytest.fixture(scope="module")

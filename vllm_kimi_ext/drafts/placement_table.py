@@ -18,8 +18,10 @@ Per speculative step with ``k`` draft tokens the ranks make
 
 Each step emits ``tau(k)`` tokens on average, so collectives per output token
 = (target + draft + verification) / ``tau(k)``. The draft counts are the ones
-``tests/distributed/test_draft_collectives.py`` and
-``test_draft_tp_unsharded.py`` count on vLLM's real classes.
+``tests/distributed/test_draft_collectives.py``, ``test_draft_tp_unsharded.py``,
+``test_tli_collectives.py`` and ``test_draft_model_unsharded.py`` count on vLLM's
+real classes; a standalone draft model makes ``2L + 2`` per draft token sharded,
+0 at draft TP 1.
 """
 
 from __future__ import annotations
@@ -112,14 +114,22 @@ def render() -> str:
         f"* DFlash drafting: one pass per step; 2L + 2 = {2 * L + 2} collectives sharded "
         f"(L = {L} layers, as assumed in the cost model's zlab-dflash profile), 0 when "
         "run un-sharded (not yet wired for DFlash in vLLM; shown for comparison).",
+        "* Standalone draft models (`draft_model`, and `kimi_tli` for a draft with "
+        "another tokenizer): an L-layer draft makes 2L + 2 collectives per draft token "
+        "sharded like the target (e.g. a 28-layer Qwen3-0.6B-sized draft: 58, k·58 per "
+        "step), 0 with `draft_tensor_parallel_size: 1` (dense drafts, patch 0009). No "
+        "acceptance length is published for any Kimi-K2.5 draft model, so they have no "
+        "column; `kimi_tli`'s id maps add no collective.",
         "* τ(k): the published mean acceptance lengths are extended to other k with a "
         "constant per-position conditional acceptance rate a, τ(k) = (1 − a^(k+1)) / "
         "(1 − a), fitted to the published point. Placement does not change τ: every "
         "verification path is lossless.",
         "",
         "The per-draft-token and per-step counts are the ones counted on vLLM's real "
-        "draft classes in `tests/distributed/test_draft_collectives.py` and "
-        "`tests/distributed/test_draft_tp_unsharded.py`.",
+        "draft classes in `tests/distributed/test_draft_collectives.py`, "
+        "`tests/distributed/test_draft_tp_unsharded.py`, "
+        "`tests/distributed/test_tli_collectives.py` and "
+        "`tests/distributed/test_draft_model_unsharded.py`.",
         "",
     ]
     for bench in EAGLE3_TAU_K3:

@@ -11,8 +11,11 @@ Usage::
 
     VLLM_KIMI_EXT=1 vllm serve moonshotai/Kimi-K2.5 --tensor-parallel-size 8 \\
         --speculative-config '{"method": "kimi_tli", "model": "/models/small-draft",
-                               "num_speculative_tokens": 3,
+                               "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1,
                                "speculator_options": {"draft_tokenizer": "/models/small-draft"}}'
+
+(``draft_tensor_parallel_size: 1``: the whole dense draft on every rank, no
+collectives while drafting; patch 0009.)
 
 ``speculator_options`` (all optional):
 

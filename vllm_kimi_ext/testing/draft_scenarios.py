@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,20 @@ class TinyDFlashSpec:
     intermediate_size: int = 96
     block_size: int = 4
     target_layer_ids: tuple[int, ...] = (0, 1)  # DFlash semantics (vLLM adds 1)
+
+
+def qwen3_layer_tensors(pre: str, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                        intermediate: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of one Qwen3 decoder layer (q/k norms, SwiGLU MLP)."""
+    yield f"{pre}.input_layernorm.weight", (hidden,)
+    yield f"{pre}.post_attention_layernorm.weight", (hidden,)
+    yield f"{pre}.self_attn.q_proj.weight", (heads * head_dim, hidden)
+    yield f"{pre}.self_attn.k_proj.weight", (kv_heads * head_dim, hidden)
+    yield f"{pre}.self_attn.v_proj.weight", (kv_heads * head_dim, hidden)
+    yield f"{pre}.self_attn.o_proj.weight", (hidden, heads * head_dim)
+    yield f"{pre}.self_attn.q_norm.weight", (head_dim,)
+    yield f"{pre}.self_attn.k_norm.weight", (head_dim,)
+    yield from _mlp(f"{pre}.mlp", hidden, intermediate)
 
 
 def write_tiny_dflash(path: str | Path, target: TinyKimiSpec | None = None,
@@ -115,16 +130,8 @@ def write_tiny_dflash(path: str | Path, target: TinyKimiSpec | None = None,
         yield "embed_tokens.weight", (target.vocab_size, h)
         yield "lm_head.weight", (target.vocab_size, h)
         for i in range(spec.num_hidden_layers):
-            pre = f"layers.{i}"
-            yield f"{pre}.input_layernorm.weight", (h,)
-            yield f"{pre}.post_attention_layernorm.weight", (h,)
-            yield f"{pre}.self_attn.q_proj.weight", (nh * hd, h)
-            yield f"{pre}.self_attn.k_proj.weight", (nkv * hd, h)
-            yield f"{pre}.self_attn.v_proj.weight", (nkv * hd, h)
-            yield f"{pre}.self_attn.o_proj.weight", (h, nh * hd)
-            yield f"{pre}.self_attn.q_norm.weight", (hd,)
-            yield f"{pre}.self_attn.k_norm.weight", (hd,)
-            yield from _mlp(f"{pre}.mlp", h, spec.intermediate_size)
+            yield from qwen3_layer_tensors(f"layers.{i}", h, nh, nkv, hd,
+                                           spec.intermediate_size)
 
     gen = torch.Generator().manual_seed(seed)
     out = {n: _init_tensor(n, s, gen).to(dtype).contiguous() for n, s in names()}
@@ -153,7 +160,9 @@ def expected_draft_pass(*, num_layers: int, hidden: int, draft_vocab: int, tp: i
         return {"all_reduce": 0, "all_reduce_bytes": 0, "all_gather": 0,
                 "all_gather_bytes": 0}
     n_ar = 2 * num_layers + (1 if placement == "sharded" else 0)
-    padded = pad_vocab_size(draft_vocab, DEFAULT_VOCAB_PADDING_SIZE * tp)
+    # VocabParallelEmbedding pads the vocabulary to a multiple of 64, then splits
+    # it evenly across the ranks
+    padded = pad_vocab_size(draft_vocab, DEFAULT_VOCAB_PADDING_SIZE)
     return {
         "all_reduce": n_ar,
         "all_reduce_bytes": n_ar * rows * hidden * 2,

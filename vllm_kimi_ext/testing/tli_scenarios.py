@@ -35,6 +35,15 @@ class RetokenizedDraft:
     vocab_size: int
 
 
+def write_tli_target(target_dir: str | Path) -> Path:
+    """A tiny Kimi-K2.5 checkpoint with its Kimi-format tokenizer files."""
+    from .checkpoints import write_tiny_kimi_k25
+
+    write_tiny_kimi_k25(target_dir)
+    write_target_tokenizer(target_dir)
+    return Path(target_dir)
+
+
 def write_target_tokenizer(target_dir: str | Path, spec: TinyKimiSpec | None = None) -> Path:
     """Kimi-format tokenizer files matching a tiny Kimi checkpoint's vocabulary."""
     spec = spec or TinyKimiSpec()
@@ -146,11 +155,15 @@ def build_tli_speculator(target_dir: str | Path, draft_dir: str | Path, *,
     from vllm_kimi_ext.drafts.tli_speculator import TLISpeculator
 
     plugin.register_speculative_methods()
-    ensure_single_rank()
-    cfg = make_vllm_config(target_dir, speculative_config={
+    ensure_single_rank()  # no-op inside run_tp ranks
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    speculative_config = {
         "method": "kimi_tli", "model": str(draft_dir),
         "num_speculative_tokens": num_speculative_tokens,
-        "draft_sample_method": draft_sample_method, **spec_extra})
+        "draft_sample_method": draft_sample_method, **spec_extra}
+    cfg = make_vllm_config(target_dir, speculative_config=speculative_config,
+                           tensor_parallel_size=get_tensor_model_parallel_world_size())
     return cfg, load_speculator(cfg, TLISpeculator)
 
 
@@ -223,3 +236,169 @@ def gumbel_check(target_dir: str, draft_dir: str, rows: int = 48, seed: int = 0)
         "greedy_reference": greedy_ref.tolist(),
         "distinct_sampled": len(set(sampled.tolist())),
     }
+
+
+def _counted_tli_step(cfg, spec, rows: int):
+    """One draft step of the speculator (``_run_model`` + ``compute_draft_logits``)
+    over ``rows`` shared regular tokens, under the collective counter."""
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    from vllm_kimi_ext.comm import CollectiveCounter
+
+    maps = spec.tli_maps
+    ids = maps.shared_target_ids[maps.shared_target_ids < 1024][:rows]
+    pos = torch.arange(rows) + 5
+    with set_current_vllm_config(cfg), torch.no_grad():
+        with CollectiveCounter() as cc, cc.phase("draft"):
+            proposal = spec.compute_draft_logits(
+                spec._run_model(ids.to(torch.int32), pos, None, None, None), 0)
+    return ids, pos, proposal, cc.summary()
+
+
+def tli_draft_collectives(rank: int, target_dir: str, draft_dir: str, rows: int = 4) -> dict:
+    """Rank function (``run_tp``): the collectives of one ``kimi_tli`` draft step --
+    the speculator's ``_run_model`` (input projection + the draft's forward) and
+    ``compute_draft_logits`` (logits + scatter onto target ids) -- next to the same
+    draft's plain forward + ``compute_logits`` (what ``draft_model`` runs), both
+    under the :class:`~vllm_kimi_ext.comm.CollectiveCounter`."""
+
+    from vllm_kimi_ext.comm import CollectiveCounter
+
+    from .vllm_cpu import compute_logits, run_forward
+
+    cfg, spec = build_tli_speculator(target_dir, draft_dir)
+    maps = spec.tli_maps
+    hf = cfg.speculative_config.draft_model_config.hf_config
+    ids, pos, proposal, tli_summary = _counted_tli_step(cfg, spec, rows)
+    with CollectiveCounter() as plain_cc, plain_cc.phase("draft"):
+        plain = compute_logits(spec.model, cfg, run_forward(spec.model, cfg,
+                                                              maps.draft_inputs(ids), pos))
+    sd = maps.shared_draft_ids
+    return {
+        "tli": tli_summary,
+        "plain": plain_cc.summary(),
+        "tokens": proposal.float().argmax(-1).tolist(),
+        # the plain draft's restricted argmax, mapped to target ids by hand
+        "plain_tokens_mapped": maps.intersection.map_draft_tokens(
+            sd[plain.float()[:, sd].argmax(-1)]).tolist(),
+        "num_layers": hf.num_hidden_layers,
+        "hidden": hf.hidden_size,
+        "draft_vocab": hf.vocab_size,
+    }
+
+
+# ----------------------------------------------------- a dense draft of another family
+
+QWEN_STYLE_ADDED = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                    "<tool_call>", "</tool_call>")
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyQwen3Draft:
+    path: Path
+    vocab_size: int
+    num_hidden_layers: int
+    hidden_size: int
+
+
+def write_tiny_qwen3_draft(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    *,
+    num_hidden_layers: int = 2,
+    hidden_size: int = 64,
+    keep_fraction: float = 0.7,
+    n_new: int = 200,
+    seed: int = 5,
+    dtype: torch.dtype = torch.bfloat16,
+    same_tokenizer: bool = False,
+) -> TinyQwen3Draft:
+    """A tiny dense ``Qwen3ForCausalLM`` with a Hugging Face byte-level
+    ``tokenizer.json`` of another family: the 256 single bytes, ``keep_fraction``
+    of the Kimi target's multi-byte tokens and ``n_new`` tokens the target lacks,
+    shuffled, then Qwen-style added tokens (some, like ``<|im_end|>`` and
+    ``<think>``, also exist in Kimi's tokenizer under the same names).
+    ``same_tokenizer``: copy the target's tokenizer files instead (a plain
+    ``draft_model`` draft)."""
+    from safetensors.torch import save_file
+
+    from vllm_kimi_ext.drafts.tli import vocab_keys
+
+    from .checkpoints import _init_tensor
+    from .draft_scenarios import qwen3_layer_tensors
+
+    rng = random.Random(seed)
+    t_keys = vocab_keys(target_dir)
+    t_bytes = {k for k in t_keys if isinstance(k, bytes)}
+    multi = [k for k in t_keys if isinstance(k, bytes) and len(k) > 1]
+    kept = [k for k in multi if rng.random() < keep_fraction]
+    new: list[bytes] = []
+    while len(new) < n_new:
+        tok = b" " + bytes(rng.randrange(97, 123) for _ in range(rng.randrange(3, 8)))
+        if tok not in t_bytes and tok not in new:
+            new.append(tok)
+    body = kept + new
+    rng.shuffle(body)
+    tokens = [bytes([b]) for b in range(256)] + body
+    added = {len(tokens) + i: name for i, name in enumerate(QWEN_STYLE_ADDED)}
+    vocab = len(tokens) + len(added)
+    draft_dir = Path(draft_dir)
+    if same_tokenizer:
+        import shutil
+
+        draft_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("tiktoken.model", "tokenizer_config.json", "tokenization_kimi.py"):
+            if (Path(target_dir) / name).is_file():
+                shutil.copyfile(Path(target_dir) / name, draft_dir / name)
+        tokens, vocab = t_keys, len(t_keys)
+    else:
+        write_hf_bytelevel_tokenizer(draft_dir, tokens, added)
+    heads, kv_heads, head_dim, inter = 4, 2, 16, 96
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "hidden_size": hidden_size, "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "intermediate_size": inter, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "max_position_embeddings": 4096, "vocab_size": vocab,
+        "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "bfloat16",
+        "bos_token_id": len(tokens), "eos_token_id": len(tokens) + 2,
+    }
+    (draft_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+    def names():
+        yield "model.embed_tokens.weight", (vocab, hidden_size)
+        yield "lm_head.weight", (vocab, hidden_size)
+        yield "model.norm.weight", (hidden_size,)
+        for i in range(num_hidden_layers):
+            yield from qwen3_layer_tensors(f"model.layers.{i}", hidden_size, heads, kv_heads,
+                                           head_dim, inter)
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {n: _init_tensor(n, s, gen).to(dtype).contiguous() for n, s in names()}
+    save_file(out, str(draft_dir / "model.safetensors"), metadata={"format": "pt"})
+    return TinyQwen3Draft(draft_dir, vocab, num_hidden_layers, hidden_size)
+
+
+def tli_placement_collectives(rank: int, target_dir: str, draft_dir: str,
+                              rows: int = 4) -> dict:
+    """Rank function (``run_tp``): one ``kimi_tli`` draft step of a dense draft,
+    sharded like the target and with ``draft_tensor_parallel_size: 1``
+    (collectives, greedy proposals, the draft's o_proj shape)."""
+
+
+    from .draft_scenarios import _zero_attention
+
+    out = {}
+    for name, extra in (("sharded", {}), ("tp1", {"draft_tensor_parallel_size": 1})):
+        cfg, spec = build_tli_speculator(target_dir, draft_dir, **extra)
+        _zero_attention(spec.model)  # deterministic tokens (metadata-free attention)
+        _, _, proposal, summary = _counted_tli_step(cfg, spec, rows)
+        out[name] = {
+            "summary": summary,
+            "tokens": proposal.float().argmax(-1).tolist(),
+            "o_proj": tuple(dict(spec.model.named_parameters())[
+                "model.layers.0.self_attn.o_proj.weight"].shape),
+            "runs_unsharded": bool(getattr(spec.model, "runs_unsharded", False)),
+        }
+    return out

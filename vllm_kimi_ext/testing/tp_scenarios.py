@@ -23,7 +23,8 @@ def expected_target_pass(hf_text_config: Any, tp: int, rows: int) -> dict[str, i
         pad_vocab_size,
     )
 
-    padded = pad_vocab_size(hf_text_config.vocab_size, DEFAULT_VOCAB_PADDING_SIZE * tp)
+    # padded to a multiple of 64, then split evenly across the ranks
+    padded = pad_vocab_size(hf_text_config.vocab_size, DEFAULT_VOCAB_PADDING_SIZE)
     return {
         "all_reduce": 2 * hf_text_config.num_hidden_layers + 1,
         "all_reduce_bytes": (2 * hf_text_config.num_hidden_layers + 1)

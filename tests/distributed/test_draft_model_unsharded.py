@@ -1,0 +1,59 @@
+"""Patch 0009: ``draft_tensor_parallel_size: 1`` for standalone draft models
+(``draft_model`` and ``kimi_tli``), counted at TP=2 on vLLM's classes (gloo).
+
+A tiny dense Qwen3 draft with a Hugging Face byte-level tokenizer of another
+family drafts for the tiny Kimi-K2.5 target through ``kimi_tli``.  Sharded like
+the target, one draft step makes 2L+1 all-reduces + 1 logits all-gather; with
+``draft_tensor_parallel_size: 1`` the draft is whole on every rank (full
+o_proj) and makes none, and proposes the same tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_kimi_ext.testing.draft_scenarios import expected_draft_pass, summarize
+from vllm_kimi_ext.testing.tli_scenarios import write_tiny_qwen3_draft, write_tli_target
+
+pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
+
+ROWS = 4
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    target = write_tli_target(tmp_path_factory.mktemp("dm-target"))
+    draft = write_tiny_qwen3_draft(target, tmp_path_factory.mktemp("qwen3-draft"))
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def tp2(setup):
+    from vllm_kimi_ext.testing.distributed import run_tp
+    from vllm_kimi_ext.testing.tli_scenarios import tli_placement_collectives
+
+    target, draft = setup
+    return run_tp(tli_placement_collectives, 2, str(target), str(draft.path), ROWS)
+
+
+def test_sharded_dense_draft_costs_2L_plus_2(tp2, setup):
+    _, draft = setup
+    got = summarize(tp2[0]["sharded"]["summary"])
+    assert got.pop("other") == 0
+    assert got == expected_draft_pass(num_layers=draft.num_hidden_layers,
+                                      hidden=draft.hidden_size,
+                                      draft_vocab=draft.vocab_size, tp=2, rows=ROWS)
+    assert tp2[0]["sharded"]["o_proj"] == (draft.hidden_size, 32)  # 4 heads x 16 / 2
+
+
+def test_draft_tp1_makes_no_collective_and_proposes_the_same_tokens(tp2, setup):
+    _, draft = setup
+    for rank in tp2:
+        res = rank["tp1"]
+        got = summarize(res["summary"])
+        assert got == {"all_reduce": 0, "all_reduce_bytes": 0, "all_gather": 0,
+                       "all_gather_bytes": 0, "other": 0}
+        assert res["runs_unsharded"]
+        assert res["o_proj"] == (draft.hidden_size, 64)  # whole
+        assert res["tokens"] == rank["sharded"]["tokens"]
+    assert tp2[0]["tp1"]["tokens"] == tp2[1]["tp1"]["tokens"]
