@@ -37,6 +37,9 @@ E-MTP-TENSORS-MISSING       error     MTP layer declared, tensors absent
 E-MTP-SHAPE                 error     an MTP tensor has the wrong shape
 E-MTP-CONFIG-TYPE           error     separate MTP dir with a text-only (deepseek_v3 /
                                       kimi_k2) config on a ``kimi_k25`` target
+E-MTP-QUANT-FORMAT          error     MTP experts stored unquantized where the
+                                      compressed-tensors config quantizes them (or
+                                      the reverse)
 E-CONFIG                    error     a config or weight file cannot be read
 ==========================  ========  ==============================================
 
@@ -541,7 +544,69 @@ def _diagnose_mtp(target_cfg: dict, draft_cfg: dict, tensors: TensorIndex) -> li
                 out.append(Finding("E-MTP-SHAPE", ERROR, (
                     f"{prefix}{part} has shape {got}, expected {shape} "
                     f"(hidden_size {h}, vocab_size {vocab}).")))
+        out += _check_mtp_quant_format(draft_cfg, tensors, prefix, k)
     return out
+
+
+def _ct_matches(name: str, pattern: str) -> bool:
+    """compressed-tensors ``ignore`` / ``targets`` matching as vLLM does it: exact
+    name, or ``re:`` + a regex matched at the start."""
+    import re
+
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return pattern == name
+
+
+def mtp_experts_quantized(quant_config: dict | None, layer: int) -> bool | None:
+    """Whether vLLM quantizes the routed experts of MTP layer ``layer`` under a
+    compressed-tensors ``quantization_config`` (None: not compressed-tensors, not
+    decided here).  vLLM 0.34.0 names the layer's experts
+    ``model.layers.{layer}.mlp.experts`` (no ``language_model.``, no
+    ``mtp_block``) and checks the unfused names ``<that>.0.{gate,up,down}_proj``
+    against ``ignore``; a config group whose
+    ``targets`` contain ``Linear`` (or match those names) quantizes them."""
+    if not quant_config or quant_config.get("quant_method") != "compressed-tensors":
+        return None
+    base = f"model.layers.{layer}.mlp.experts.0."
+    names = [base + p for p in ("gate_proj", "up_proj", "down_proj")]
+    ignore = quant_config.get("ignore") or []
+    if all(any(_ct_matches(n, pat) for pat in ignore) for n in names):
+        return False
+    for group in (quant_config.get("config_groups") or {}).values():
+        if not (group or {}).get("weights"):
+            continue
+        for target in group.get("targets") or []:
+            if target == "Linear" or any(_ct_matches(n, target) for n in names):
+                return True
+    return False
+
+
+def _check_mtp_quant_format(draft_cfg: dict, tensors: TensorIndex, prefix: str,
+                            layer: int) -> list[Finding]:
+    """The MTP layer's routed experts must be stored the way vLLM will build them
+    from the (target's or MTP directory's) ``quantization_config``."""
+    quantized = mtp_experts_quantized(draft_cfg.get("quantization_config")
+                                      or _text(draft_cfg).get("quantization_config"), layer)
+    if quantized is None:
+        return []
+    expert = f"{prefix}mlp.experts.0.down_proj."
+    packed = tensors.shape(expert + "weight_packed") is not None
+    plain = tensors.shape(expert + "weight") is not None
+    if quantized and plain and not packed:
+        return [Finding("E-MTP-QUANT-FORMAT", ERROR, (
+            f"the quantization_config (compressed-tensors) quantizes the routed experts of "
+            f"MTP layer {layer}, so vLLM expects {expert}weight_packed / weight_scale / "
+            f"weight_shape, but the checkpoint stores {expert}weight (unquantized): loading "
+            "would fail on the first expert. Quantize the MTP experts like the target's, or "
+            f"add 're:.*layers\\.{layer}\\..*' to the quantization_config's ignore list."))]
+    if not quantized and packed and not plain:
+        return [Finding("E-MTP-QUANT-FORMAT", ERROR, (
+            f"the checkpoint stores the routed experts of MTP layer {layer} quantized "
+            f"({expert}weight_packed) but the quantization_config's ignore list / targets "
+            "leave them unquantized in vLLM: loading would fail. Remove the MTP layer from "
+            "the ignore list."))]
+    return []
 
 
 def _mtp_prefix(tensors: TensorIndex, layer: int) -> str:

@@ -18,9 +18,11 @@ Nothing here imports vLLM.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -294,7 +296,8 @@ def _init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> tor
 
 
 def _write_safetensors(
-    path: Path, tensors: Iterator[tuple[str, tuple[int, ...]]], seed: int, dtype: torch.dtype
+    path: Path, tensors: Iterator[tuple[str, tuple[int, ...]]], seed: int, dtype: torch.dtype,
+    int4_experts: bool = False,
 ) -> dict[str, tuple[int, ...]]:
     from safetensors.torch import save_file
 
@@ -304,12 +307,79 @@ def _write_safetensors(
         if name in out:
             raise AssertionError(f"duplicate tensor name {name}")
         out[name] = _init_tensor(name, shape, gen).to(dtype).contiguous()
+    if int4_experts:
+        out = pack_int4_routed_experts(out)
     save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
     return {k: tuple(v.shape) for k, v in out.items()}
 
 
 def _dump_config(path: Path, cfg: dict) -> None:
     (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+#: Kimi-K2.5's quantization layout: routed experts INT4 (symmetric, group 32,
+#: compressed-tensors pack-quantized, Marlin W4A16 on GPUs); attention, shared
+#: expert, dense FFN, LM head and vision tower stay bf16.
+INT4_GROUP_SIZE = 32
+KIMI_INT4_QUANTIZATION_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "input_activations": None,
+        "output_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                    "group_size": INT4_GROUP_SIZE, "strategy": "group", "dynamic": False,
+                    "actorder": None, "observer": "minmax"},
+    }},
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+               "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*vision_tower.*",
+               "re:.*mm_projector.*"],
+    "kv_cache_scheme": None,
+}
+
+_ROUTED_EXPERT_WEIGHT = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def pack_int4_routed_experts(tensors: dict[str, torch.Tensor],
+                             group_size: int = INT4_GROUP_SIZE) -> dict[str, torch.Tensor]:
+    """Quantize every routed-expert ``*.weight`` to compressed-tensors
+    ``pack-quantized`` INT4 (symmetric, per group of ``group_size`` inputs):
+    ``weight_packed`` (int32, 8 values per word along the input dim, low nibble
+    first, stored as ``q + 8``), ``weight_scale`` and ``weight_shape``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if not _ROUTED_EXPERT_WEIGHT.match(name):
+            out[name] = w
+            continue
+        rows, cols = w.shape
+        if cols % group_size or cols % 8:
+            raise ValueError(f"{name}: {cols} inputs not divisible by {group_size} and 8")
+        wf = w.float().view(rows, cols // group_size, group_size)
+        scale = (wf.abs().amax(-1, keepdim=True) / 7).clamp_min(1e-8)
+        q = torch.round(wf / scale).clamp(-8, 7).to(torch.int64).view(rows, cols) + 8
+        words = torch.zeros(rows, cols // 8, dtype=torch.int64)
+        for i in range(8):
+            words |= q[:, i::8] << (4 * i)
+        words = torch.where(words >= 2**31, words - 2**32, words)  # as signed int32
+        base = name[: -len("weight")]
+        out[base + "weight_packed"] = words.to(torch.int32).contiguous()
+        out[base + "weight_scale"] = scale.squeeze(-1).to(w.dtype).contiguous()
+        out[base + "weight_shape"] = torch.tensor([rows, cols], dtype=torch.int64)
+    return out
+
+
+def unpack_int4(packed: torch.Tensor, scale: torch.Tensor,
+                group_size: int = INT4_GROUP_SIZE) -> torch.Tensor:
+    """Inverse of :func:`pack_int4_routed_experts` for one weight (float32)."""
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    rows, n = words.shape
+    q = torch.empty(rows, n * 8, dtype=torch.int64)
+    for i in range(8):
+        q[:, i::8] = (words >> (4 * i)) & 0xF
+    q = (q - 8).float().view(rows, -1, group_size)
+    return (q * scale.float().unsqueeze(-1)).view(rows, -1)
 
 
 def write_tiny_kimi_k25(
@@ -319,13 +389,16 @@ def write_tiny_kimi_k25(
     with_mtp: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
+    int4_experts: bool = False,
 ) -> dict[str, tuple[int, ...]]:
     """Write a tiny ``KimiK25ForConditionalGeneration`` checkpoint.
 
     Returns ``{tensor name: shape}`` of everything written, so tests can check
     that a loader consumed all of it. ``with_mtp`` adds a DeepSeek-style MTP
     layer at index ``num_hidden_layers`` (the third-party K2.5 MTP layout) and
-    sets ``num_nextn_predict_layers: 1``.
+    sets ``num_nextn_predict_layers: 1``. ``int4_experts`` stores every routed
+    expert (target and MTP layers) as compressed-tensors INT4 and writes Kimi's
+    ``quantization_config`` (:data:`KIMI_INT4_QUANTIZATION_CONFIG`).
     """
     from transformers import Kimi_K25Config
 
@@ -354,13 +427,15 @@ def write_tiny_kimi_k25(
     # keep the text model_type the real checkpoint ships (transformers maps it)
     cfg["text_config"]["model_type"] = "kimi_k2"
     cfg["text_config"]["architectures"] = text["architectures"]
+    if int4_experts:  # as in the real checkpoint: top level, routed experts only
+        cfg["quantization_config"] = copy.deepcopy(KIMI_INT4_QUANTIZATION_CONFIG)
     _dump_config(path, cfg)
 
     def tensors():
         yield from text_tensors(spec, prefix="language_model.", with_mtp=with_mtp)
         yield from vision_tensors(spec)
 
-    return _write_safetensors(path, tensors(), seed, dtype)
+    return _write_safetensors(path, tensors(), seed, dtype, int4_experts=int4_experts)
 
 
 def write_tiny_deepseek_v3(

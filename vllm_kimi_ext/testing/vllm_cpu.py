@@ -113,7 +113,7 @@ def _unwritten(model) -> list[str]:
     return bad
 
 
-def load_model(vllm_config, model_config=None, *, poison: bool = True):
+def load_model(vllm_config, model_config=None, *, poison: bool = True, process: bool = True):
     """Create and load a model with vLLM's loader; prove every parameter was written.
 
     Mirrors ``BaseModelLoader.load_model`` step by step (create → load_weights →
@@ -121,7 +121,9 @@ def load_model(vllm_config, model_config=None, *, poison: bool = True):
     parameter is set to NaN (integers to their minimum) before loading and
     checked after, so a parameter the checkpoint did not provide is reported
     even if vLLM's own "weights not initialized" check misses it (e.g. a
-    parameter filled by a fallback). Returns ``(model, LoadReport)``.
+    parameter filled by a fallback). ``process=False`` stops before
+    ``process_weights_after_loading`` (kernel-specific repacking), leaving the
+    parameters as the checkpoint filled them. Returns ``(model, LoadReport)``.
     """
     import torch
     from vllm.config import set_current_vllm_config
@@ -156,7 +158,8 @@ def load_model(vllm_config, model_config=None, *, poison: bool = True):
             unwritten=_unwritten(model) if poison else [],
             checkpoint_tensors=offered,
         )
-        process_weights_after_loading(model, model_config, torch.device("cpu"))
+        if process:
+            process_weights_after_loading(model, model_config, torch.device("cpu"))
     return model.eval(), report
 
 
