@@ -250,9 +250,10 @@ def test_cli_exit_codes_and_json(target_dir, tmp_path, capsys):
     assert drafts_cli.EXIT_ERRORS == 1
 
 
-def test_separate_mtp_dir_with_text_only_config_on_kimi_target_is_refused(tmp_path):
-    """A DeepSeek-typed MTP directory on a Kimi-K2.5 target would crash mid-load in
-    vLLM (its DeepSeekMTPModel reads the target's nested config); refuse it by name."""
+def test_separate_mtp_dir_with_text_only_config_on_kimi_target_is_accepted(tmp_path):
+    """A DeepSeek-typed MTP directory on a Kimi-K2.5 target: stock vLLM would crash
+    mid-load (its DeepSeekMTPModel reads the target's nested config); with patch
+    0010 it loads as KimiK25MTPModel (tests/vllm/test_patch_0010_*), so no finding."""
     from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
 
     spec = dataclasses.replace(TARGET, num_hidden_layers=2)
@@ -260,8 +261,8 @@ def test_separate_mtp_dir_with_text_only_config_on_kimi_target_is_refused(tmp_pa
     write_tiny_kimi_k25(target, spec)
     mtp_dir = tmp_path / "mtp-deepseek"
     write_tiny_deepseek_v3(mtp_dir, spec, with_mtp=True)
-    f = _only(diagnose(target, mtp_dir, method="mtp"), "E-MTP-CONFIG-TYPE")
-    assert "'deepseek_v3'" in f.message and "'kimi_k25'" in f.message
+    # a DeepSeek-typed MTP directory on a kimi_k25 target loads (patch 0010)
+    assert diagnose(target, mtp_dir, method="mtp").findings == []
     kimi_mtp = tmp_path / "mtp-kimi"
     write_tiny_kimi_k25(kimi_mtp, spec, with_mtp=True)
     assert diagnose(target, kimi_mtp, method="mtp").findings == []

@@ -119,34 +119,23 @@ def test_plain_deepseek_v3_arch_as_eagle3_is_refused_with_reason(tiny_kimi_dir, 
 
 
 def _mtp_forward(model, cfg, spec):
-    import torch
-    from vllm.config import set_current_vllm_config
-    from vllm.forward_context import set_forward_context
+    from vllm_kimi_ext.testing.vllm_cpu import check_mtp_forward
 
-    ids = torch.tensor([1, 5, 7, spec.vocab_size - 1])
-    pos = torch.arange(4)
-    prev = torch.randn(4, spec.hidden_size, dtype=torch.bfloat16)
-    with set_current_vllm_config(cfg), torch.no_grad(), set_forward_context(None, cfg):
-        hidden, _ = model(ids, pos, prev, inputs_embeds=model.embed_input_ids(ids))
-        logits = model.compute_logits(hidden)
-    assert hidden.shape == (4, spec.hidden_size)
-    assert logits.shape[0] == 4 and logits.shape[1] >= spec.vocab_size
-    assert torch.isfinite(logits[:, :spec.vocab_size].float()).all()
+    check_mtp_forward(model, cfg, spec.hidden_size, spec.vocab_size)
 
 
 @needs_kimi_mtp
 def test_kimi_k25_mtp_inside_target_checkpoint(tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from vllm_kimi_ext.testing.vllm_cpu import (
+        load_checked_kimi_mtp,
+        load_model,
+        make_vllm_config,
+    )
 
     written = write_tiny_kimi_k25(tmp_path, MTP_SPEC, with_mtp=True)
     cfg = make_vllm_config(tmp_path, speculative_config={
         "method": "mtp", "num_speculative_tokens": 1})
-    draft = cfg.speculative_config.draft_model_config
-    assert draft.architectures == ["KimiK25MTPModel"]
-    assert draft.hf_config.model_type == "deepseek_mtp" and draft.hf_config.n_predict == 1
-    model, report = load_model(cfg, draft)
-    assert type(model).__name__ == "KimiK25MTP"
-    assert report.unwritten == []
+    model, report = load_checked_kimi_mtp(cfg)
     mtp = {n for n in written if n.startswith("language_model.model.layers.2.")}
     assert mtp and mtp <= set(report.checkpoint_tensors)
     _mtp_forward(model, cfg, MTP_SPEC)

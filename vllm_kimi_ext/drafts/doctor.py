@@ -35,8 +35,6 @@ E-DFLASH-MASK-ID            error     DFlash ``mask_token_id`` missing / outside
 E-MTP-NO-LAYERS             error     ``method: mtp`` but no MTP layers declared
 E-MTP-TENSORS-MISSING       error     MTP layer declared, tensors absent
 E-MTP-SHAPE                 error     an MTP tensor has the wrong shape
-E-MTP-CONFIG-TYPE           error     separate MTP dir with a text-only (deepseek_v3 /
-                                      kimi_k2) config on a ``kimi_k25`` target
 E-MTP-QUANT-FORMAT          error     MTP experts stored unquantized where the
                                       compressed-tensors config quantizes them (or
                                       the reverse)
@@ -516,14 +514,9 @@ def _diagnose_mtp(target_cfg: dict, draft_cfg: dict, tensors: TensorIndex) -> li
             f"(model_type {draft_cfg.get('model_type')!r}); loading it would build a second "
             "full target model."))]
     out: list[Finding] = []
-    if target_cfg.get("model_type") == "kimi_k25" and draft_cfg.get("model_type") != "kimi_k25":
-        # vLLM's plain DeepSeekMTPModel would read the target's nested Kimi_K25Config
-        # and fail mid-load; patch 0005's KimiK25MTPModel needs a kimi_k25 config.
-        out.append(Finding("E-MTP-CONFIG-TYPE", ERROR, (
-            f"the MTP directory's config has model_type {draft_cfg.get('model_type')!r} but "
-            "the target is a Kimi-K2.5 ('kimi_k25') checkpoint: give the MTP directory the "
-            "target's config.json with text_config.num_nextn_predict_layers set to the number "
-            "of MTP layers it holds (the layout of the public K2.5 MTP head).")))
+    # A separate MTP directory for a kimi_k25 target may carry the target's
+    # kimi_k25 config or a DeepSeek-V3 text config (deepseek_v3 / kimi_k2): patches
+    # 0005 and 0010 load both as KimiK25MTPModel.
     h = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
     for k in range(layers, layers + n):

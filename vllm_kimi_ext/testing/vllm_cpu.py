@@ -182,6 +182,39 @@ def compute_logits(model, vllm_config, hidden_states):
         return model.compute_logits(hidden_states)
 
 
+def load_checked_kimi_mtp(vllm_config, n_predict: int = 1):
+    """Load the configured Kimi-K2.5 MTP draft with :func:`load_model` and assert
+    what every Kimi MTP test expects: ``KimiK25MTPModel`` / ``deepseek_mtp`` with
+    ``n_predict`` layers, class ``KimiK25MTP``, every parameter written."""
+    draft = vllm_config.speculative_config.draft_model_config
+    assert draft.architectures == ["KimiK25MTPModel"], draft.architectures
+    assert draft.hf_config.model_type == "deepseek_mtp"
+    assert draft.hf_config.n_predict == n_predict
+    model, report = load_model(vllm_config, draft)
+    assert type(model).__name__ == "KimiK25MTP"
+    assert report.unwritten == [], report.unwritten[:5]
+    return model, report
+
+
+def check_mtp_forward(model, vllm_config, hidden_size: int, vocab_size: int) -> None:
+    """One metadata-free MTP forward (4 tokens, random previous hidden states) +
+    logits; asserts the shapes and that the logits are finite."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    ids = torch.tensor([1, 5, 7, vocab_size - 1])
+    pos = torch.arange(4)
+    prev = torch.randn(4, hidden_size, dtype=torch.bfloat16)
+    with set_current_vllm_config(vllm_config), torch.no_grad(), \
+            set_forward_context(None, vllm_config):
+        hidden, _ = model(ids, pos, prev, inputs_embeds=model.embed_input_ids(ids))
+        logits = model.compute_logits(hidden)
+    assert hidden.shape == (4, hidden_size)
+    assert logits.shape[0] == 4 and logits.shape[1] >= vocab_size
+    assert torch.isfinite(logits[:, :vocab_size].float()).all()
+
+
 def ensure_single_rank() -> None:
     """Initialise vLLM's distributed state as one rank (gloo), once per process."""
     from vllm.distributed import parallel_state
