@@ -158,3 +158,22 @@ def test_refusals_name_the_problem(target, tmp_path, case, message):
     with pytest.raises(TLIConfigError) as err:
         build_tli_maps(target, d, **kwargs)
     assert message in str(err.value)
+
+
+def test_tli_check_cli(target, reordered_draft, tmp_path, capsys):
+    from vllm_kimi_ext.cli import main
+
+    d = reordered_draft[0]
+    assert main(["draft", "tli-check", "--target", str(target), "--draft", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "shared tokens" in out and "<think>" in out
+    assert main(["draft", "tli-check", "--target", str(target), "--draft", str(d), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert 0.7 < summary["shared_regular_fraction"] < 1.0
+    assert main(["draft", "tli-check", "--target", str(target), "--draft", str(d),
+                 "--min-shared-fraction", "0.99"]) == 1
+    assert "below --min-shared-fraction" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["draft", "tli-check", "--target", str(target),
+                 "--draft", str(tmp_path / "empty")]) == 2
+    assert "no tokenizer found" in capsys.readouterr().err

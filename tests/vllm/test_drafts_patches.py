@@ -145,7 +145,6 @@ def test_kimi_k25_mtp_inside_target_checkpoint(tmp_path):
     assert treport.unwritten == []
 
 
-@pytest.mark.slow
 @needs_kimi_mtp
 def test_kimi_k25_mtp_from_separate_directory(tmp_path):
     """`model` names a directory holding only the MTP layer and a kimi_k25 config."""
@@ -176,7 +175,6 @@ def test_kimi_k25_mtp_from_separate_directory(tmp_path):
     _mtp_forward(model, cfg, MTP_SPEC)
 
 
-@pytest.mark.slow
 @needs_kimi_mtp
 @pytest.mark.parametrize("fault", ["missing", "shape"])
 def test_kimi_k25_mtp_bad_tensor_is_named(tmp_path, fault):

@@ -9,6 +9,11 @@ checks a draft checkpoint directory against a target directory (configs and
 safetensors headers only). Exit codes: 0 no errors (warnings allowed),
 1 errors found, 2 unreadable input.
 
+``vllm-kimi-ext draft tli-check --target T --draft D [--json]`` reports how a
+draft tokenizer maps onto the target's for ``method: kimi_tli``
+(:mod:`vllm_kimi_ext.drafts.tli`). Exit codes: 0 usable, 1 below
+``--min-shared-fraction``, 2 refused input.
+
 ``vllm-kimi-ext draft shrink-vocab --head H --tokenizer T --corpus F [...] --out O``
 turns a full-vocabulary EAGLE-3 head into a reduced-vocabulary one
 (:mod:`vllm_kimi_ext.drafts.shrink_vocab`). Exit codes: 0 written, 2 refused
@@ -81,6 +86,58 @@ def _register_draft(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), EXIT_BAD_INPUT)[1])
     sub = p.add_subparsers(dest="draft_command", metavar="DRAFT_COMMAND")
     _register_shrink_vocab(sub)
+    _register_tli_check(sub)
+
+
+def _register_tli_check(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tli-check",
+        help="how well a draft with another tokenizer maps onto the target's (kimi_tli)",
+        description=(
+            "Build the Token-Level-Intersection maps that `method: kimi_tli` uses for a "
+            "target and a draft tokenizer (Kimi-format tiktoken.model or Hugging Face "
+            "tokenizer.json): shared tokens, the share of the target's regular tokens the "
+            "draft can propose, the special tokens matched by name, and how the draft's "
+            "inputs are projected. Nothing is loaded but the tokenizer files. Exit code 0 "
+            "usable, 1 below --min-shared-fraction, 2 refused input."
+        ),
+    )
+    p.add_argument("--target", required=True, help="target tokenizer directory")
+    p.add_argument("--draft", required=True, help="draft tokenizer directory")
+    p.add_argument("--target-vocab-size", type=int, default=None,
+                   help="the target model's logits width (default: the tokenizer's ids)")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="the draft model's logits width (default: the tokenizer's ids)")
+    p.add_argument("--min-shared-fraction", type=float, default=0.0,
+                   help="exit 1 when fewer of the target's regular tokens are shared")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run_tli_check)
+
+
+def run_tli_check(args: argparse.Namespace) -> int:
+    import json
+
+    from .tli import TLIConfigError, build_tli_maps
+
+    try:
+        maps = build_tli_maps(args.target, args.draft, target_vocab_size=args.target_vocab_size,
+                              draft_vocab_size=args.draft_vocab_size)
+    except TLIConfigError as exc:
+        print(f"tli-check: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    summary = maps.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"target {args.target}\ndraft  {args.draft}\n{maps.describe()}")
+        print("special tokens matched by name: " + (", ".join(summary["shared_special_tokens"])
+                                                    or "none"))
+    if summary["shared_regular_fraction"] < args.min_shared_fraction:
+        print(f"tli-check: {100 * summary['shared_regular_fraction']:.1f}% of the target's "
+              f"regular tokens are shared, below --min-shared-fraction "
+              f"{100 * args.min_shared_fraction:.1f}%", file=sys.stderr)
+        return EXIT_ERRORS
+    return EXIT_OK
 
 
 def _register_shrink_vocab(subparsers: argparse._SubParsersAction) -> None:
