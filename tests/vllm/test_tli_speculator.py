@@ -237,3 +237,28 @@ def test_vllm_gumbel_sampler_draws_the_tli_distribution(dirs, tmp_path):
     assert r["proposal_vs_reference_max_abs"] < 1e-6
     assert r["proposal_zero_off_intersection"]
     assert r["greedy"] == r["greedy_reference"]
+
+
+def test_short_draft_context_is_warned(dirs, caplog):
+    """The re-indexed draft handles 4096 positions; serving the target at 8192 is
+    capped by vLLM (as for draft_model) and kimi_tli says so."""
+    import json
+    import logging
+    import shutil
+
+    from vllm_kimi_ext import plugin
+    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+
+    target_dir, draft = dirs
+    short = draft.path.parent / "short-draft"
+    if not short.exists():
+        shutil.copytree(draft.path, short)
+        cfg = json.loads((short / "config.json").read_text())
+        cfg["max_position_embeddings"] = 4096
+        cfg.pop("rope_scaling", None)
+        (short / "config.json").write_text(json.dumps(cfg))
+    plugin.register_speculative_methods()
+    with caplog.at_level(logging.WARNING, logger="vllm_kimi_ext"):
+        make_vllm_config(target_dir, max_model_len=8192,
+                         speculative_config=_spec_config(short))
+    assert "handles 4096 positions, fewer than the target's 8192" in caplog.text

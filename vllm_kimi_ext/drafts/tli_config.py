@@ -117,6 +117,14 @@ class TLISpeculatorConfig(StandaloneARSpeculatorConfig):
             raise TLIConfigError(f"{TLI_METHOD} needs a draft model (`model`)")
         maps = maps_for(spec)
         logger.info("%s: %s", TLI_METHOD, maps.describe())
+        draft_len = getattr(spec.draft_model_config, "max_model_len", None)
+        target_len = getattr(spec.target_model_config, "max_model_len", None)
+        if draft_len and target_len and draft_len < target_len:
+            # as for draft_model: vLLM lowers the served context to the draft's
+            logger.warning(
+                "%s: the draft %s handles %d positions, fewer than the target's %d; "
+                "vLLM serves at most %d tokens per request with this draft",
+                TLI_METHOD, spec.draft_model_config.model, draft_len, target_len, draft_len)
 
     @classmethod
     def apply_options(cls, spec) -> None:
