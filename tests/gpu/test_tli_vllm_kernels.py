@@ -25,3 +25,21 @@ def test_tli_through_vllm_gpu_kernels(tmp_path):
                 if (p / "vllm").is_dir()), None)
     r = mod.run(100_000, 1.0, src)
     assert r["ok"], r["results"]
+
+
+def test_triton_gather_equals_reference_on_cuda():
+    import torch
+
+    from vllm_kimi_ext.drafts.cross_tokenizer import VocabIntersection
+    from vllm_kimi_ext.drafts.tli import gather_table, gather_to_target, scatter_to_target
+
+    vt, vd, shared = 163840, 151936, 120000
+    g = torch.Generator().manual_seed(0)
+    sd, st = torch.randperm(vd, generator=g)[:shared], torch.randperm(vt, generator=g)[:shared]
+    d2t, t2d = torch.full((vd,), -1), torch.full((vt,), -1)
+    d2t[sd], t2d[st] = st, sd
+    table = gather_table(VocabIntersection(d2t, t2d)).cuda()
+    for rows in (1, 7, 64):
+        logits = torch.randn(rows, vd, generator=g).to(torch.bfloat16).cuda()
+        ref = scatter_to_target(logits, sd.cuda(), st.cuda(), vt)
+        assert torch.equal(gather_to_target(logits, table), ref)

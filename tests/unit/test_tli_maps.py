@@ -177,3 +177,14 @@ def test_tli_check_cli(target, reordered_draft, tmp_path, capsys):
     assert main(["draft", "tli-check", "--target", str(target),
                  "--draft", str(tmp_path / "empty")]) == 2
     assert "no tokenizer found" in capsys.readouterr().err
+
+
+def test_gather_form_equals_the_reference_scatter(target, reordered_draft):
+    from vllm_kimi_ext.drafts.tli import gather_table, gather_to_target, scatter_to_target
+
+    maps = build_tli_maps(target, reordered_draft[0])
+    table = gather_table(maps.intersection)
+    assert table.dtype == torch.int32 and table.numel() == maps.target_vocab_size
+    logits = torch.randn(4, maps.draft_vocab_size, dtype=torch.bfloat16)
+    assert torch.equal(gather_to_target(logits, table), scatter_to_target(
+        logits, maps.shared_draft_ids, maps.shared_target_ids, maps.target_vocab_size))

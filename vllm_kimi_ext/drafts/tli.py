@@ -45,6 +45,9 @@ __all__ = [
     "TLIConfigError",
     "TLIMaps",
     "build_tli_maps",
+    "gather_table",
+    "gather_to_target",
+    "scatter_to_target",
     "tokenizer_kind",
     "vocab_keys",
 ]
@@ -241,9 +244,32 @@ class TLIMaps:
 
 def scatter_to_target(draft_logits: torch.Tensor, shared_draft: torch.Tensor,
                       shared_target: torch.Tensor, target_vocab_size: int) -> torch.Tensor:
+    """Reference: ``[N, Vd]`` -> ``[N, Vt]``, ``-inf`` off the intersection."""
     out = draft_logits.new_full((draft_logits.shape[0], target_vocab_size), float("-inf"))
     out[:, shared_target] = draft_logits.index_select(1, shared_draft)
     return out
+
+
+def gather_table(intersection: VocabIntersection) -> torch.Tensor:
+    """``[Vt]`` int32: the draft id whose logit lands at each target id, or ``Vd``
+    (one past the draft vocabulary: ``-inf``) for target-only ids."""
+    t2d = intersection.target_to_draft
+    return torch.where(t2d >= 0, t2d, intersection.draft_vocab_size).to(torch.int32)
+
+
+def gather_to_target(draft_logits: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Same result as :func:`scatter_to_target`, as one gather per target id (the
+    form the speculator runs): a Triton kernel on CUDA, ``pad + index_select``
+    elsewhere."""
+    if draft_logits.is_cuda:
+        try:
+            from ._tli_triton import gather_logits_triton
+        except ImportError:  # no Triton: fall through to torch
+            pass
+        else:
+            return gather_logits_triton(draft_logits.contiguous(), table)
+    padded = torch.nn.functional.pad(draft_logits, (0, 1), value=float("-inf"))
+    return padded.index_select(1, table.long())
 
 
 def project_inputs(target_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

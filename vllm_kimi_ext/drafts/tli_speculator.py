@@ -7,8 +7,10 @@ Two seams of ``StandaloneARSpeculator`` change, both pure device-side lookups
 * ``_run_model``: every input id the draft sees is a *target* id (the accepted
   context, the correction token, its own previous proposals); it is projected to
   the draft id fed at that position (:attr:`TLIMaps.target_to_draft_input`).
-* ``compute_draft_logits``: the draft's ``[N, Vd]`` logits are scattered onto the
-  target's ids, ``-inf`` off the intersection.  vLLM's sampler then draws the
+* ``compute_draft_logits``: the draft's ``[N, Vd]`` logits are placed at the
+  target's ids, ``-inf`` off the intersection (one gather per target id: a Triton
+  kernel on CUDA, 2.7 µs for one row at Kimi's 163840 ids on an H200,
+  ``bench/reports/tli-seams-h200``).  vLLM's sampler then draws the
   proposal from the restricted, renormalized distribution, caches exactly these
   logits for probabilistic verification, and the verifier compares against the
   target's probabilities over the same ids -- standard rejection sampling, so
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 
-from .tli import project_inputs, scatter_to_target
+from .tli import gather_table, gather_to_target, project_inputs
 from .tli_config import maps_for
 
 
@@ -35,8 +37,8 @@ class TLISpeculator(StandaloneARSpeculator):
         # Draft logits are cached (and verified) over the target's vocabulary.
         self.draft_vocab_size = maps.draft_vocab_size
         self.vocab_size = maps.target_vocab_size
-        self.tli_shared_draft = maps.shared_draft_ids.to(device)
-        self.tli_shared_target = maps.shared_target_ids.to(device)
+        # [Vt]: the draft id whose logit lands at each target id (Vd: -inf)
+        self.tli_gather_table = gather_table(maps.intersection).to(device)
         self.tli_input_table = maps.target_to_draft_input.to(device=device, dtype=torch.int32)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, *args, **kwargs):
@@ -44,9 +46,7 @@ class TLISpeculator(StandaloneARSpeculator):
                                   *args, **kwargs)
 
     def compute_draft_logits(self, hidden_states: torch.Tensor, spec_step_idx: int) -> torch.Tensor:
-        logits = self.model.compute_logits(hidden_states)
-        return scatter_to_target(logits, self.tli_shared_draft, self.tli_shared_target,
-                                 self.vocab_size)
+        return gather_to_target(self.model.compute_logits(hidden_states), self.tli_gather_table)
 
     def get_draft_top_tokens(self, hidden_states: torch.Tensor, spec_step_idx: int):
         raise RuntimeError("kimi_tli does not support use_local_argmax_reduction "

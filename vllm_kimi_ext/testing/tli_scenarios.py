@@ -223,6 +223,14 @@ def gumbel_check(target_dir: str, draft_dir: str, rows: int = 48, seed: int = 0)
         q_proposal = torch.softmax(proposal.float() / t, dim=-1)
         greedy = spec.sample_draft(hidden, positions, idx_mapping, temperature, seeds, step, None)
         greedy_ref = maps.intersection.map_probs(torch.softmax(draft_logits.float(), -1)).argmax(-1)
+    # the Triton kernel the speculator uses on CUDA, here under the interpreter
+    from vllm_kimi_ext.drafts._tli_triton import gather_logits_triton
+    from vllm_kimi_ext.drafts.tli import gather_table, scatter_to_target
+
+    triton_gather = gather_logits_triton(draft_logits.contiguous(),
+                                         gather_table(maps.intersection))
+    ref_logits = scatter_to_target(draft_logits, maps.shared_draft_ids,
+                                   maps.shared_target_ids, maps.target_vocab_size)
     shared = set(maps.shared_target_ids.tolist())
     off = torch.ones(q.shape[1], dtype=torch.bool)
     off[maps.shared_target_ids] = False
@@ -235,6 +243,8 @@ def gumbel_check(target_dir: str, draft_dir: str, rows: int = 48, seed: int = 0)
         "greedy": greedy.tolist(),
         "greedy_reference": greedy_ref.tolist(),
         "distinct_sampled": len(set(sampled.tolist())),
+        "triton_gather_equals_reference": bool(torch.equal(triton_gather, ref_logits)),
+        "proposal_equals_reference": bool(torch.equal(proposal, ref_logits)),
     }
 
 
