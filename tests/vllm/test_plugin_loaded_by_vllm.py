@@ -74,3 +74,36 @@ def test_enabled_plugin_refuses_a_bad_draft_while_vllm_builds_its_config(tmp_pat
                          capture_output=True, text=True, env=env, timeout=300)
     assert off.returncode == 0, off.stderr[-2000:]
     assert "ACCEPTED" in off.stdout, off.stdout[-2000:]
+
+
+_TLI_PROBE = """
+import sys
+from vllm_kimi_ext.testing.tli_scenarios import write_retokenized_draft, write_tli_target
+from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+root = sys.argv[1]
+target = write_tli_target(root + "/target")
+draft = write_retokenized_draft(target, root + "/draft")
+try:
+    cfg = make_vllm_config(target, speculative_config={
+        "method": "kimi_tli", "model": str(draft.path), "num_speculative_tokens": 3})
+except Exception as exc:
+    print("REFUSED " + str(exc).replace("\\n", " "))
+else:
+    print("ACCEPTED " + type(cfg.speculative_config.speculator_config).__name__)
+"""
+
+
+def test_kimi_tli_is_registered_through_vllms_plugin_loader(tmp_path):
+    """With the plugin on, `method: kimi_tli` exists when vLLM builds its config
+    (registered by vLLM's own plugin loader); off, vLLM does not know the method."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_KIMI_EXT")}
+    env.update({"VLLM_TARGET_DEVICE": "cpu", "VLLM_PLUGINS": "kimi_ext", "VLLM_KIMI_EXT": "1"})
+    on = subprocess.run([sys.executable, "-c", _TLI_PROBE, str(tmp_path / "on")],
+                        capture_output=True, text=True, env=env, timeout=300)
+    assert on.returncode == 0, on.stderr[-2000:]
+    assert "ACCEPTED TLISpeculatorConfig" in on.stdout, on.stdout[-2000:]
+    env.pop("VLLM_KIMI_EXT")
+    off = subprocess.run([sys.executable, "-c", _TLI_PROBE, str(tmp_path / "off")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert "REFUSED" in off.stdout and "kimi_tli" in off.stdout, off.stdout[-2000:]
