@@ -24,12 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cuda_timing import time_graph  # noqa: E402
 
 HIDDEN = 7168
 VOCAB = 163840
@@ -109,30 +112,6 @@ def build_mla(tp: int, vocab: int, ctx: int, rows: int, device):
     return step, sum(t.numel() * 2 for k, t in w.items() if k != "latent")
 
 
-def time_graph(step, iters: int) -> float:
-    """Median µs of one replay of ``step`` captured in a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    for _ in range(10):
-        g.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -155,7 +134,7 @@ def main(argv=None) -> int:
                     torch.cuda.empty_cache()
                     with torch.no_grad():
                         step, nbytes = build(tp, vocab, args.ctx, rows, dev)
-                        us = time_graph(step, args.iters)
+                        us = time_graph([step], reps=args.iters)["median_us"]
                     row[f"{placement}_us"] = round(us, 2)
                     row[f"{placement}_weight_MB"] = round(nbytes / 1e6, 1)
                     row[f"{placement}_GBps"] = round(nbytes / (us * 1e-6) / 1e9, 0)

@@ -50,7 +50,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import traceback
@@ -59,8 +58,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 
 import torch
+from _cuda_timing import time_eager, time_graph  # noqa: E402
 
 V = 163840
 TP = 8
@@ -140,52 +141,6 @@ def load_vllm_rejection_sample(src: Path | None):
 # ---------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------
-def time_graph(calls, reps: int = 30, warmup: int = 3) -> dict:
-    """Median per-call time (us) of a CUDA graph replaying ``calls`` back to back."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warmup):
-            for c in calls:
-                c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / len(calls))
-    return {"median_us": statistics.median(times), "min_us": min(times),
-            "max_us": max(times), "calls_per_graph": len(calls)}
-
-
-def time_eager(fn, reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0)
-    return statistics.median(times)
-
-
 def kernel_breakdown(fn, iters: int = 10) -> list:
     """Device time per kernel of one eager call (torch profiler, CUDA activity)."""
     from torch.profiler import ProfilerActivity, profile

@@ -23,14 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 
 import torch  # noqa: E402
+from _cuda_timing import time_eager, time_graph  # noqa: E402
+
+
+def _graph_time(fn) -> float:
+    """Median µs per call of ``fn`` replayed 10 times in one CUDA graph."""
+    return time_graph([fn] * 10, reps=50)["median_us"]
 
 VT = 163840
 DRAFT_VOCABS = {"qwen-style 151936": 151936, "llama3-style 128256": 128256, "32000": 32000}
@@ -38,51 +44,12 @@ ROWS = (1, 4, 16, 64, 256)
 HIDDEN = 1024
 
 
-def _graph_time(fn, reps: int = 50) -> float:
-    """Median µs per call of ``fn`` replayed in a CUDA graph (10 calls per graph)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / 10)
-    return statistics.median(times)
-
-
-def _eager_time(fn, reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
-
-
 def run(quick: bool) -> dict:
     from vllm_kimi_ext.drafts.cross_tokenizer import VocabIntersection
     from vllm_kimi_ext.drafts.tli import (
         gather_table,
         gather_to_target,
+        gather_to_target_torch,
         project_inputs,
         scatter_to_target,
     )
@@ -96,11 +63,7 @@ def run(quick: bool) -> dict:
         sd = torch.randperm(vd, device=dev, generator=g)[:shared]
         st = torch.randperm(VT, device=dev, generator=g)[:shared]
         table = torch.randint(0, vd, (VT,), device=dev, dtype=torch.int32, generator=g)
-        d2t = torch.full((vd,), -1, dtype=torch.int64)
-        t2d = torch.full((VT,), -1, dtype=torch.int64)
-        d2t[sd.cpu()] = st.cpu()
-        t2d[st.cpu()] = sd.cpu()
-        gtable = gather_table(VocabIntersection(d2t, t2d)).to(dev)
+        gtable = gather_table(VocabIntersection.from_pairs(sd.cpu(), st.cpu(), vd, VT)).to(dev)
         w = torch.randn(vd, HIDDEN, device=dev, dtype=torch.bfloat16, generator=g)
         for n in rows:
             logits = torch.randn(n, vd, device=dev, dtype=torch.bfloat16, generator=g)
@@ -117,8 +80,7 @@ def run(quick: bool) -> dict:
                 return gather_to_target(logits, gtable)
 
             def gather_torch(logits=logits, gtable=gtable):
-                padded = torch.nn.functional.pad(logits, (0, 1), value=float("-inf"))
-                return padded.index_select(1, gtable.long())
+                return gather_to_target_torch(logits, gtable)
 
             ref = scatter()
             assert torch.equal(ref, gather_triton()) and torch.equal(ref, gather_torch())
@@ -133,8 +95,8 @@ def run(quick: bool) -> dict:
                 "gather_torch_graph_us": _graph_time(gather_torch),
                 "project_graph_us": _graph_time(project),
                 "lm_head_graph_us": _graph_time(lm_head),
-                "scatter_eager_us": _eager_time(scatter),
-                "project_eager_us": _eager_time(project),
+                "scatter_eager_us": time_eager(scatter),
+                "project_eager_us": time_eager(project),
             })
             print(json.dumps(results[-1]), flush=True)
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

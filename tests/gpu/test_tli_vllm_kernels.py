@@ -36,9 +36,7 @@ def test_triton_gather_equals_reference_on_cuda():
     vt, vd, shared = 163840, 151936, 120000
     g = torch.Generator().manual_seed(0)
     sd, st = torch.randperm(vd, generator=g)[:shared], torch.randperm(vt, generator=g)[:shared]
-    d2t, t2d = torch.full((vd,), -1), torch.full((vt,), -1)
-    d2t[sd], t2d[st] = st, sd
-    table = gather_table(VocabIntersection(d2t, t2d)).cuda()
+    table = gather_table(VocabIntersection.from_pairs(sd, st, vd, vt)).cuda()
     for rows in (1, 7, 64):
         logits = torch.randn(rows, vd, generator=g).to(torch.bfloat16).cuda()
         ref = scatter_to_target(logits, sd.cuda(), st.cuda(), vt)

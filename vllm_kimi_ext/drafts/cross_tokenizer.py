@@ -60,6 +60,16 @@ class VocabIntersection:
     draft_to_target: torch.Tensor  # int64 [draft_vocab]
     target_to_draft: torch.Tensor  # int64 [target_vocab]
 
+    @classmethod
+    def from_pairs(cls, draft_ids: torch.Tensor, target_ids: torch.Tensor,
+                   draft_vocab_size: int, target_vocab_size: int) -> VocabIntersection:
+        """Maps from aligned vectors of corresponding draft and target ids."""
+        d2t = torch.full((draft_vocab_size,), -1, dtype=torch.int64)
+        t2d = torch.full((target_vocab_size,), -1, dtype=torch.int64)
+        d2t[draft_ids] = target_ids.to(torch.int64)
+        t2d[target_ids] = draft_ids.to(torch.int64)
+        return cls(draft_to_target=d2t, target_to_draft=t2d)
+
     @property
     def draft_vocab_size(self) -> int:
         return int(self.draft_to_target.numel())
@@ -151,15 +161,10 @@ def build_intersection(
     """
     t_index = _index(target_keys, "target")
     _index(draft_keys, "draft")  # duplicate check
-    d2t = torch.full((len(draft_keys),), -1, dtype=torch.int64)
-    t2d = torch.full((len(target_keys),), -1, dtype=torch.int64)
     pairs = [(i, t_index[k]) for i, k in enumerate(draft_keys) if k is not None and k in t_index]
-    if pairs:
-        d_ids = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
-        t_ids = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-        d2t[d_ids] = t_ids
-        t2d[t_ids] = d_ids
-    return VocabIntersection(draft_to_target=d2t, target_to_draft=t2d)
+    d_ids = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
+    t_ids = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+    return VocabIntersection.from_pairs(d_ids, t_ids, len(draft_keys), len(target_keys))
 
 
 def intersection_from_tokenizer_dirs(

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -544,8 +545,6 @@ def _diagnose_mtp(target_cfg: dict, draft_cfg: dict, tensors: TensorIndex) -> li
 def _ct_matches(name: str, pattern: str) -> bool:
     """compressed-tensors ``ignore`` / ``targets`` matching as vLLM does it: exact
     name, or ``re:`` + a regex matched at the start."""
-    import re
-
     if pattern.startswith("re:"):
         return re.match(pattern[3:], name) is not None
     return pattern == name

@@ -32,6 +32,7 @@ No vLLM import here: the maps are built and tested without it.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,14 +230,12 @@ class TLIMaps:
 
     # -- the two operations the speculator performs on device ---------------------
 
-    def scatter_logits(self, draft_logits: torch.Tensor, shared_draft: torch.Tensor | None = None,
-                       shared_target: torch.Tensor | None = None) -> torch.Tensor:
+    def scatter_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """``[N, Vd]`` draft logits -> ``[N, Vt]`` proposal logits (``-inf`` off the
         intersection).  Softmax of the result = the TLI distribution."""
-        src = self.shared_draft_ids if shared_draft is None else shared_draft
-        dst = self.shared_target_ids if shared_target is None else shared_target
-        return scatter_to_target(draft_logits, src.to(draft_logits.device),
-                                 dst.to(draft_logits.device), self.target_vocab_size)
+        dev = draft_logits.device
+        return scatter_to_target(draft_logits, self.shared_draft_ids.to(dev),
+                                 self.shared_target_ids.to(dev), self.target_vocab_size)
 
     def draft_inputs(self, target_ids: torch.Tensor) -> torch.Tensor:
         return project_inputs(target_ids, self.target_to_draft_input.to(target_ids.device))
@@ -257,19 +256,29 @@ def gather_table(intersection: VocabIntersection) -> torch.Tensor:
     return torch.where(t2d >= 0, t2d, intersection.draft_vocab_size).to(torch.int32)
 
 
+def gather_to_target_torch(draft_logits: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """:func:`gather_to_target` in plain torch: ``pad + index_select``."""
+    padded = torch.nn.functional.pad(draft_logits, (0, 1), value=float("-inf"))
+    return padded.index_select(1, table.long())
+
+
+@functools.cache
+def _triton_gather():
+    try:
+        from ._tli_triton import gather_logits_triton
+    except ImportError:  # no Triton: the torch path serves CUDA too
+        return None
+    return gather_logits_triton
+
+
 def gather_to_target(draft_logits: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Same result as :func:`scatter_to_target`, as one gather per target id (the
     form the speculator runs): a Triton kernel on CUDA, ``pad + index_select``
     elsewhere."""
-    if draft_logits.is_cuda:
-        try:
-            from ._tli_triton import gather_logits_triton
-        except ImportError:  # no Triton: fall through to torch
-            pass
-        else:
-            return gather_logits_triton(draft_logits.contiguous(), table)
-    padded = torch.nn.functional.pad(draft_logits, (0, 1), value=float("-inf"))
-    return padded.index_select(1, table.long())
+    triton_gather = _triton_gather() if draft_logits.is_cuda else None
+    if triton_gather is not None:
+        return triton_gather(draft_logits.contiguous(), table)
+    return gather_to_target_torch(draft_logits, table)
 
 
 def project_inputs(target_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -310,13 +319,11 @@ def build_tli_maps(
     draft_bytes = {k: i for i, k in enumerate(d_keys) if isinstance(k, bytes)}
     max_len = max((len(k) for k in draft_bytes), default=0)
     default_id = 0
-    table = torch.empty(len(t_keys), dtype=torch.int64)
-    t2d = inter.target_to_draft.tolist()
-    n_exact = n_suffix = n_default = 0
+    table = inter.target_to_draft.tolist()  # exact counterparts; -1 to fill below
+    n_exact = sum(d >= 0 for d in table)
+    n_suffix = n_default = 0
     for tid, key in enumerate(t_keys):
-        if t2d[tid] >= 0:
-            table[tid] = t2d[tid]
-            n_exact += 1
+        if table[tid] >= 0:
             continue
         if isinstance(key, bytes):
             raw = key
@@ -336,7 +343,7 @@ def build_tli_maps(
     shared_ids = inter.shared_target_ids.tolist()
     return TLIMaps(
         intersection=inter,
-        target_to_draft_input=table,
+        target_to_draft_input=torch.tensor(table, dtype=torch.int64),
         num_exact_inputs=n_exact,
         num_suffix_inputs=n_suffix,
         num_default_inputs=n_default,

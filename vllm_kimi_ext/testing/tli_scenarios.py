@@ -338,22 +338,8 @@ def write_tiny_qwen3_draft(
     from .checkpoints import _init_tensor
     from .draft_scenarios import qwen3_layer_tensors
 
-    rng = random.Random(seed)
-    t_keys = vocab_keys(target_dir)
-    t_bytes = {k for k in t_keys if isinstance(k, bytes)}
-    multi = [k for k in t_keys if isinstance(k, bytes) and len(k) > 1]
-    kept = [k for k in multi if rng.random() < keep_fraction]
-    new: list[bytes] = []
-    while len(new) < n_new:
-        tok = b" " + bytes(rng.randrange(97, 123) for _ in range(rng.randrange(3, 8)))
-        if tok not in t_bytes and tok not in new:
-            new.append(tok)
-    body = kept + new
-    rng.shuffle(body)
-    tokens = [bytes([b]) for b in range(256)] + body
-    added = {len(tokens) + i: name for i, name in enumerate(QWEN_STYLE_ADDED)}
-    vocab = len(tokens) + len(added)
     draft_dir = Path(draft_dir)
+    t_keys = vocab_keys(target_dir)
     if same_tokenizer:
         import shutil
 
@@ -361,8 +347,24 @@ def write_tiny_qwen3_draft(
         for name in ("tiktoken.model", "tokenizer_config.json", "tokenization_kimi.py"):
             if (Path(target_dir) / name).is_file():
                 shutil.copyfile(Path(target_dir) / name, draft_dir / name)
-        tokens, vocab = t_keys, len(t_keys)
+        vocab = len(t_keys)
+        bos, eos = t_keys.index("[BOS]"), t_keys.index("[EOS]")
     else:
+        rng = random.Random(seed)
+        t_bytes = {k for k in t_keys if isinstance(k, bytes)}
+        multi = [k for k in t_keys if isinstance(k, bytes) and len(k) > 1]
+        kept = [k for k in multi if rng.random() < keep_fraction]
+        new: list[bytes] = []
+        while len(new) < n_new:
+            tok = b" " + bytes(rng.randrange(97, 123) for _ in range(rng.randrange(3, 8)))
+            if tok not in t_bytes and tok not in new:
+                new.append(tok)
+        body = kept + new
+        rng.shuffle(body)
+        tokens = [bytes([b]) for b in range(256)] + body
+        added = {len(tokens) + i: name for i, name in enumerate(QWEN_STYLE_ADDED)}
+        vocab = len(tokens) + len(added)
+        bos, eos = len(tokens), len(tokens) + 2  # <|endoftext|>, <|im_end|>
         write_hf_bytelevel_tokenizer(draft_dir, tokens, added)
     heads, kv_heads, head_dim, inter = 4, 2, 16, 96
     cfg = {
@@ -372,7 +374,7 @@ def write_tiny_qwen3_draft(
         "intermediate_size": inter, "hidden_act": "silu", "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0, "max_position_embeddings": 4096, "vocab_size": vocab,
         "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "bfloat16",
-        "bos_token_id": len(tokens), "eos_token_id": len(tokens) + 2,
+        "bos_token_id": bos, "eos_token_id": eos,
     }
     (draft_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
