@@ -55,10 +55,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.findings import Finding
+
 __all__ = [
     "CACHE_ONLY_ROPE_TYPES",
     "DoctorReport",
-    "Finding",
     "TensorIndex",
     "diagnose",
     "diagnose_configs",
@@ -79,19 +80,6 @@ _MTP_LAYER_PARTS = ("enorm.weight", "hnorm.weight", "eh_proj.weight",
                     "input_layernorm.weight", "post_attention_layernorm.weight",
                     "self_attn.kv_a_proj_with_mqa.weight", "self_attn.o_proj.weight",
                     "mlp.gate.weight")
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-    def __str__(self) -> str:
-        return f"{self.severity.upper()} {self.code}: {self.message}"
 
 
 @dataclasses.dataclass

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.findings import Finding
+
 __all__ = [
     "FIXED_TEMPLATE_TOKENS",
     "NUM_RESERVED_SPECIAL_TOKENS",
     "RANK_FILE_NAMES",
-    "Finding",
     "KimiTokenizerFiles",
     "TokenizerInputError",
     "TokenizerMismatchError",
@@ -102,16 +103,6 @@ class TokenizerMismatchError(ValueError):
             f"draft tokenizer {report.draft_dir} is incompatible with target tokenizer "
             f"{report.target_dir} ({len(self.reasons)} reason(s)):\n{lines}"
         )
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # "info" | "compatible" | "incompatible"
-    code: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"severity": self.severity, "code": self.code, "message": self.message}
 
 
 @dataclass
@@ -467,7 +458,8 @@ class TokenizerReport:
         return {
             "verdict": self.verdict,
             "reasons": self.reasons,
-            "findings": [f.to_dict() for f in self.findings],
+            # severity first: the key order this report has always printed
+            "findings": [{"severity": f.severity, **f.to_dict()} for f in self.findings],
             "target": self.target,
             "draft": self.draft,
             "first_rank_mismatch": self.first_rank_mismatch,
@@ -507,7 +499,7 @@ def _compare(t: KimiTokenizerFiles, d: KimiTokenizerFiles) -> TokenizerReport:
 
     def add(severity: str, code: str, message: str) -> None:
         assert severity in _SEVERITIES
-        findings.append(Finding(severity, code, message))
+        findings.append(Finding(code, severity, message))
 
     # -- rank files -----------------------------------------------------------------
     first_mismatch = None
