@@ -10,7 +10,7 @@ import pytest
 
 from vllm_kimi_ext.drafts.hook import _check_draft_tokenizer
 from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer, write_variant
-from vllm_kimi_ext.tokenizers.check import TokenizerMismatchError
+from vllm_kimi_ext.tokenizers import TokenizerMismatchError
 
 
 def _cfg(path):

@@ -18,14 +18,14 @@ from vllm_kimi_ext.testing.tokenizers import (
     write_kimi_tokenizer,
     write_variant,
 )
-from vllm_kimi_ext.tokenizers.check import (
+from vllm_kimi_ext.tokenizers import (
     TokenizerInputError,
     TokenizerMismatchError,
     check_tokenizers,
     load_tokenizer_dir,
     refuse_if_incompatible,
-    template_tokens,
 )
+from vllm_kimi_ext.tokenizers.compare import template_tokens
 
 N = 1024  # ranks of the small test tokenizers
 

@@ -181,15 +181,13 @@ def intersection_from_tokenizer_dirs(
     ``include_reserved``.  ``*_vocab_size`` pads (with unmatched ids) or checks
     the id space to the model's logits width (e.g. 163840 for Kimi-K2.5).
     """
-    from vllm_kimi_ext.tokenizers.check import load_tokenizer_dir
+    from vllm_kimi_ext.tokenizers.kimi_files import load_tokenizer_dir
+    from vllm_kimi_ext.tokenizers.loading import drop_reserved
 
     def keys(directory, size):
-        files = load_tokenizer_dir(directory)
-        ks = files.id_keys()
+        ks = load_tokenizer_dir(directory).id_keys()
         if not include_reserved:
-            ks = [
-                None if isinstance(k, str) and k.startswith("<|reserved_token_") else k for k in ks
-            ]
+            ks = drop_reserved(ks)
         if size is not None:
             if size < len(ks):
                 raise ValueError(f"{directory}: vocab size {size} < tokenizer's {len(ks)} ids")

@@ -41,7 +41,7 @@ def _local_dir(name: str | None) -> Path | None:
 def _check_draft_tokenizer(model_config, draft_model_config) -> None:
     """``draft_model`` drafts: refuse a tokenizer that would change what the
     target's ids mean (vLLM 0.34.0 only compares vocab sizes)."""
-    from vllm_kimi_ext.tokenizers.check import refuse_if_incompatible
+    from vllm_kimi_ext.tokenizers.compare import refuse_if_incompatible
 
     target = _local_dir(getattr(model_config, "tokenizer", None) or model_config.model)
     draft = _local_dir(getattr(draft_model_config, "tokenizer", None)

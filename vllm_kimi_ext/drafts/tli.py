@@ -20,12 +20,13 @@ This module builds what a serving engine needs to run it:
   the distribution the verifier is given, so the output distribution is the
   target's (see the proof in :mod:`~vllm_kimi_ext.drafts.cross_tokenizer`).
 
-Tokenizers are read from disk: Kimi-format directories (``tiktoken.model`` +
-``tokenizer_config.json``) and Hugging Face ``tokenizer.json`` BPE vocabularies
-(byte-level as in Qwen / Llama-3, or SentencePiece-style ``▁`` with byte
-fallback as in Llama-2 / Mistral).  Regular tokens are keyed by their byte
-strings; special and added tokens by their names, so Kimi's ``<|im_end|>``
-matches another family's ``<|im_end|>`` but never the text "<|im_end|>".
+Tokenizers are read from disk by :mod:`vllm_kimi_ext.tokenizers.loading`:
+Kimi-format directories (``tiktoken.model`` + ``tokenizer_config.json``) and
+Hugging Face ``tokenizer.json`` BPE vocabularies (byte-level as in Qwen /
+Llama-3, or SentencePiece-style ``▁`` with byte fallback as in Llama-2 /
+Mistral).  Regular tokens are keyed by their byte strings; special and added
+tokens by their names, so Kimi's ``<|im_end|>`` matches another family's
+``<|im_end|>`` but never the text "<|im_end|>".
 
 No vLLM import here: the maps are built and tested without it.
 """
@@ -33,12 +34,14 @@ No vLLM import here: the maps are built and tested without it.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from vllm_kimi_ext.tokenizers.errors import TokenizerInputError
+from vllm_kimi_ext.tokenizers.loading import Key, drop_reserved, vocab_keys
 
 from .cross_tokenizer import VocabIntersection, build_intersection
 
@@ -49,11 +52,7 @@ __all__ = [
     "gather_table",
     "gather_to_target",
     "scatter_to_target",
-    "tokenizer_kind",
-    "vocab_keys",
 ]
-
-Key = bytes | str | None
 
 
 class TLIConfigError(ValueError):
@@ -63,105 +62,17 @@ class TLIConfigError(ValueError):
 # ------------------------------------------------------------------ vocabulary keys
 
 
-def tokenizer_kind(directory: str | Path) -> str | None:
-    """``"kimi"`` (tiktoken rank file), ``"hf"`` (tokenizer.json) or None."""
-    from vllm_kimi_ext.tokenizers.check import RANK_FILE_NAMES
-
-    d = Path(directory)
-    if any((d / n).is_file() for n in RANK_FILE_NAMES):
-        return "kimi"
-    if (d / "tokenizer.json").is_file():
-        return "hf"
-    return None
-
-
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """Inverse of the GPT-2 byte -> printable-unicode table used by byte-level BPE."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-def _component_types(node: Any) -> set[str]:
-    """Every ``type`` in a tokenizer.json normalizer/pre-tokenizer/decoder tree."""
-    found: set[str] = set()
-    if isinstance(node, dict):
-        if isinstance(node.get("type"), str):
-            found.add(node["type"])
-        for v in node.values():
-            found |= _component_types(v)
-    elif isinstance(node, list):
-        for v in node:
-            found |= _component_types(v)
-    return found
-
-
-def hf_vocab_keys(directory: str | Path) -> list[Key]:
-    """Per-id keys of a Hugging Face ``tokenizer.json`` BPE vocabulary."""
-    path = Path(directory) / "tokenizer.json"
+def _vocab_keys(directory: str | Path, size: int | None, role: str) -> list[Key]:
+    """Per-id keys of a tokenizer directory, reserved fillers made holes, sized to
+    the model's logits width; any unreadable tokenizer is a :class:`TLIConfigError`."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TLIConfigError(f"{path}: cannot read tokenizer.json ({exc})") from exc
-    model = data.get("model") or {}
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
-        raise TLIConfigError(
-            f"{path}: model type {model.get('type')!r} is not supported for cross-tokenizer "
-            "drafting (BPE vocabularies only: byte-level or SentencePiece-style)")
-    types = _component_types([data.get("pre_tokenizer"), data.get("decoder")])
-    byte_level = "ByteLevel" in types
-    decoder = _gpt2_byte_decoder() if byte_level else None
-    vocab: dict[str, int] = model["vocab"]
-    added = data.get("added_tokens") or []
-    size = 1 + max([*vocab.values(), *(int(a["id"]) for a in added)], default=-1)
-    keys: list[Key] = [None] * size
-
-    for token, tid in vocab.items():
-        if byte_level:
-            try:
-                keys[tid] = bytes(decoder[c] for c in token)
-            except KeyError as exc:
-                raise TLIConfigError(
-                    f"{path}: token {token!r} (id {tid}) has a character outside the "
-                    "byte-level alphabet") from exc
-        elif len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-            keys[tid] = bytes([int(token[3:5], 16)])  # byte-fallback token
-        else:
-            keys[tid] = token.replace("\u2581", " ").encode("utf-8")
-    for entry in added:  # added tokens are atomic control tokens: keyed by name
-        keys[int(entry["id"])] = str(entry["content"])
-    return keys
-
-
-def vocab_keys(directory: str | Path) -> list[Key]:
-    """Per-id keys (bytes / special name / None) of a tokenizer directory."""
-    kind = tokenizer_kind(directory)
-    if kind == "kimi":
-        from vllm_kimi_ext.tokenizers.check import TokenizerInputError, load_tokenizer_dir
-
-        try:
-            return load_tokenizer_dir(directory).id_keys()
-        except TokenizerInputError as exc:
-            raise TLIConfigError(str(exc)) from exc
-    if kind == "hf":
-        return hf_vocab_keys(directory)
-    raise TLIConfigError(
-        f"{directory}: no tokenizer found (needs a Kimi-format tiktoken.model or a Hugging "
-        "Face tokenizer.json)")
+        keys = drop_reserved(vocab_keys(directory))
+    except TokenizerInputError as exc:
+        raise TLIConfigError(str(exc)) from exc
+    return _sized(keys, size, str(directory), role)
 
 
 # ----------------------------------------------------------------------------- maps
-
-
-def _reserved(key: Key) -> bool:
-    return isinstance(key, str) and key.startswith("<|reserved_token_")
 
 
 def _sized(keys: list[Key], size: int | None, where: str, role: str) -> list[Key]:
@@ -302,10 +213,8 @@ def build_tli_maps(
     ``min_shared_tokens`` shared tokens is refused: the draft could propose
     almost nothing.
     """
-    t_keys = _sized([None if _reserved(k) else k for k in vocab_keys(target_dir)],
-                    target_vocab_size, str(target_dir), "target")
-    d_keys = _sized([None if _reserved(k) else k for k in vocab_keys(draft_dir)],
-                    draft_vocab_size, str(draft_dir), "draft")
+    t_keys = _vocab_keys(target_dir, target_vocab_size, "target")
+    d_keys = _vocab_keys(draft_dir, draft_vocab_size, "draft")
     try:
         inter = build_intersection(d_keys, t_keys)
     except ValueError as exc:

@@ -46,7 +46,9 @@ from typing import Any
 
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.config import StandaloneARSpeculatorConfig
 
-from .tli import TLIConfigError, TLIMaps, build_tli_maps, tokenizer_kind
+from vllm_kimi_ext.tokenizers.loading import tokenizer_kind
+
+from .tli import TLIConfigError, TLIMaps, build_tli_maps
 
 logger = logging.getLogger("vllm_kimi_ext")
 

@@ -63,7 +63,7 @@ def write_retokenized_draft(
     (``write_tiny_kimi_k25``) and its tokenizer (:func:`write_target_tokenizer`)."""
     from safetensors.torch import load_file, save_file
 
-    from vllm_kimi_ext.drafts.tli import vocab_keys
+    from vllm_kimi_ext.tokenizers.loading import vocab_keys
 
     spec = spec or TinyKimiSpec()
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
@@ -120,9 +120,9 @@ def write_hf_bytelevel_tokenizer(directory: str | Path, tokens: list[bytes],
                                  added: dict[int, str] | None = None) -> Path:
     """A minimal Hugging Face ``tokenizer.json`` (byte-level BPE) with these
     regular tokens at ids ``0..len-1`` and ``added`` control tokens."""
-    from vllm_kimi_ext.drafts.tli import _gpt2_byte_decoder
+    from vllm_kimi_ext.tokenizers.hf_json import gpt2_byte_decoder
 
-    enc = {b: c for c, b in _gpt2_byte_decoder().items()}
+    enc = {b: c for c, b in gpt2_byte_decoder().items()}
     vocab = {"".join(enc[b] for b in tok): i for i, tok in enumerate(tokens)}
     data = {
         "version": "1.0",
@@ -333,7 +333,7 @@ def write_tiny_qwen3_draft(
     ``draft_model`` draft)."""
     from safetensors.torch import save_file
 
-    from vllm_kimi_ext.drafts.tli import vocab_keys
+    from vllm_kimi_ext.tokenizers.loading import vocab_keys
 
     from .checkpoints import _init_tensor
     from .draft_scenarios import qwen3_layer_tensors

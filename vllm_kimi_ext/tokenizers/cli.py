@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .check import TokenizerInputError, check_tokenizers
+    from .compare import check_tokenizers
+    from .errors import TokenizerInputError
 
     try:
         report = check_tokenizers(args.target, args.draft)
