@@ -179,7 +179,8 @@ def intersection_from_tokenizer_dirs(
 
     Reserved fillers (``<|reserved_token_N|>``) are left out unless
     ``include_reserved``.  ``*_vocab_size`` pads (with unmatched ids) or checks
-    the id space to the model's logits width (e.g. 163840 for Kimi-K2.5).
+    the id space to the model's logits width (for Kimi-K2.5 its ``vocab_size``,
+    :func:`vllm_kimi_ext.facts.target_dims`).
     """
     from vllm_kimi_ext.tokenizers.kimi_files import load_tokenizer_dir
     from vllm_kimi_ext.tokenizers.loading import drop_reserved

@@ -6,7 +6,8 @@ regenerates the committed table; ``--check`` exits 1 when the file is stale.
 Per speculative step with ``k`` draft tokens the ranks make
 
 * **target pass**: 2 all-reduces per layer (MLA ``o_proj`` + MoE/MLP) and one
-  for the embedding = 123 for 61 layers;
+  for the embedding (the layer count and collective counts come from the model
+  profile, :mod:`vllm_kimi_ext.facts`);
 * **verification**: one all-gather of the logits — full vocabulary as vLLM
   ships it, or a small gather of per-rank statistics with vocab-sharded
   verification (still 1 collective, far fewer bytes);
@@ -16,7 +17,8 @@ Per speculative step with ``k`` draft tokens the ranks make
   ``draft_tensor_parallel_size: 1``; a DFlash drafter makes ``2L + 2`` per step
   (one pass for the whole block) sharded, 0 at draft TP 1.
 
-Each step emits ``tau(k)`` tokens on average, so collectives per output token
+Each step emits ``tau(k)`` tokens on average (extended from the drafts'
+published acceptance lengths in their profiles), so collectives per output token
 = (target + draft + verification) / ``tau(k)``. The draft counts are the ones
 ``tests/distributed/test_draft_collectives.py``, ``test_draft_tp_unsharded.py``,
 ``test_tli_collectives.py`` and ``test_draft_model_unsharded.py`` count on vLLM's
@@ -27,23 +29,18 @@ real classes; a standalone draft model makes ``2L + 2`` per draft token sharded,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel.acceptance import rate_from_tau, tau_from_constant_rate
 
-KIMI_LAYERS = 61
-TARGET_ALL_REDUCES = 2 * KIMI_LAYERS + 1  # 123
-VERIFY_GATHERS = 1
+#: draft profiles whose published acceptance lengths the table extends to other k
+EAGLE3_DRAFT = "lightseek-eagle3"
+DFLASH_DRAFT = "zlab-dflash"
+#: how the table titles the profiles' dataset keys
+DATASET_TITLES = {"mt-bench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 K_RANGE = range(1, 8)
-
-#: lightseekorg/kimi-k2.5-eagle3 published acceptance lengths at k=3 (CONTEXT.md)
-EAGLE3_TAU_K3 = {"MT-Bench": 2.69, "GSM8K": 3.20, "HumanEval": 3.29}
-#: z-lab/Kimi-K2.5-DFlash published acceptance lengths at block 8 (k = 7)
-DFLASH_TAU_K7 = {"MT-Bench": 3.7, "GSM8K": 5.3}
-DFLASH_PROFILE = (Path(__file__).resolve().parent.parent
-                  / "costmodel" / "profiles" / "drafts" / "zlab-dflash.json")
 
 PLACEMENTS = (
     # key, header, collectives per draft token (EAGLE-3), verification note
@@ -53,22 +50,30 @@ PLACEMENTS = (
 )
 
 
+def target_all_reduces() -> int:
+    """All-reduces of one Kimi-K2.5 pass at TP=8 (2 per layer + the embedding's)."""
+    return facts.target_dims().allreduces_per_pass
+
+
+def verify_gathers() -> int:
+    return facts.target_dims().logits_allgathers
+
+
 def dflash_layers() -> int:
-    try:
-        return int(json.loads(DFLASH_PROFILE.read_text())["architecture"]["num_layers"])
-    except (OSError, KeyError, ValueError):
-        return 5
+    return facts.draft_num_layers(DFLASH_DRAFT)
 
 
 def per_step(draft: float) -> float:
-    return TARGET_ALL_REDUCES + draft + VERIFY_GATHERS
+    return target_all_reduces() + draft + verify_gathers()
 
 
-def table(benchmark: str) -> list[str]:
-    a = rate_from_tau(EAGLE3_TAU_K3[benchmark], 3)
+def table(dataset: str) -> list[str]:
+    eagle3 = facts.published_acceptance(EAGLE3_DRAFT)
+    dflash = facts.published_acceptance(DFLASH_DRAFT)
+    a = rate_from_tau(eagle3.lengths[dataset], eagle3.k)
     L = dflash_layers()
-    dflash_tau = DFLASH_TAU_K7.get(benchmark)
-    d = rate_from_tau(dflash_tau, 7) if dflash_tau else None
+    dflash_tau = dflash.lengths.get(dataset)
+    d = rate_from_tau(dflash_tau, dflash.k) if dflash_tau else None
     head = ["k", "τ EAGLE-3", *[h for _, h, _ in PLACEMENTS],
             "τ DFlash", f"DFlash sharded ({2 * L + 2}/step)", "DFlash TP=1 (0/step)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -83,14 +88,15 @@ def table(benchmark: str) -> list[str]:
             cells += [f"{dt:.2f}", f"{per_step(2 * L + 2) / dt:.1f}", f"{per_step(0) / dt:.1f}"]
         rows.append("| " + " | ".join(cells) + " |")
     note = (f"Per-position acceptance: constant conditional rate a = {a:.3f} fitted to "
-            f"τ(3) = {EAGLE3_TAU_K3[benchmark]}")
+            f"τ({eagle3.k}) = {eagle3.lengths[dataset]}")
     if d is not None:
-        note += f"; DFlash a = {d:.3f} fitted to τ(7) = {dflash_tau}"
-    return [f"### {benchmark}", "", note + ".", "", *rows, ""]
+        note += f"; DFlash a = {d:.3f} fitted to τ({dflash.k}) = {dflash_tau}"
+    return [f"### {DATASET_TITLES.get(dataset, dataset)}", "", note + ".", "", *rows, ""]
 
 
 def render() -> str:
     L = dflash_layers()
+    dims = facts.target_dims()
     out = [
         "# Collectives per output token (Kimi-K2.5, TP=8)",
         "",
@@ -101,13 +107,13 @@ def render() -> str:
         "emitted token = (target pass + drafting + verification) / τ(k), where τ(k) "
         "is the mean number of tokens a speculative step emits (bonus token included).",
         "",
-        f"* Target pass: {TARGET_ALL_REDUCES} all-reduces ({KIMI_LAYERS} layers × "
+        f"* Target pass: {target_all_reduces()} all-reduces ({dims.num_layers} layers × "
         "(MLA o_proj + MoE/MLP) + embedding). Without speculation: "
-        f"{TARGET_ALL_REDUCES + VERIFY_GATHERS} per token (+ the logits gather).",
+        f"{per_step(0)} per token (+ the logits gather).",
         "* Verification: 1 all-gather per step — the full-vocabulary logits gather as "
         "vLLM ships it, or one small gather of per-rank statistics with vocab-sharded "
         "verification. Same count, so one column serves both; the bytes differ "
-        "(`[B·(k+1), 163840]` bf16 vs a few floats per row per rank).",
+        f"(`[B·(k+1), {dims.vocab_size}]` bf16 vs a few floats per row per rank).",
         "* EAGLE-3 drafting (k draft tokens, one forward each): 4·k collectives for the "
         "stock sharded one-layer head (embedding AR, o_proj AR, MLP AR, logits gather), "
         "3·k with `replicate_draft_embedding`, 0 with `draft_tensor_parallel_size: 1`.",
@@ -132,8 +138,8 @@ def render() -> str:
         "`tests/distributed/test_draft_model_unsharded.py`.",
         "",
     ]
-    for bench in EAGLE3_TAU_K3:
-        out += table(bench)
+    for dataset in facts.published_acceptance(EAGLE3_DRAFT).lengths:
+        out += table(dataset)
     return "\n".join(out).rstrip() + "\n"
 
 

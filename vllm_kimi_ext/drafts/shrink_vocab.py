@@ -1,8 +1,9 @@
 """Reduce a full-vocabulary EAGLE-3 head to a frequent-token draft vocabulary.
 
-The public Kimi-K2.5 EAGLE-3 heads predict over the full 163840-token
-vocabulary: every draft step ends in a ``[hidden, 163840]`` ``lm_head`` matmul
-and a 163840-wide argmax. EAGLE-3 supports a reduced draft vocabulary
+The public Kimi-K2.5 EAGLE-3 heads predict over the target's full vocabulary
+(``vocab_size`` of the model profile, :func:`vllm_kimi_ext.facts.target_dims`):
+every draft step ends in a ``[hidden, vocab]`` ``lm_head`` matmul and a
+vocabulary-wide argmax. EAGLE-3 supports a reduced draft vocabulary
 (``draft_vocab_size`` rows in ``lm_head`` plus a ``d2t`` map back to target ids,
 ``d2t[i] = target_id - i``); vLLM 0.34.0 reads it natively.
 :func:`shrink_vocab` builds such a head from a full one, without retraining:

@@ -9,7 +9,7 @@ Two seams of ``StandaloneARSpeculator`` change, both pure device-side lookups
   the draft id fed at that position (:attr:`TLIMaps.target_to_draft_input`).
 * ``compute_draft_logits``: the draft's ``[N, Vd]`` logits are placed at the
   target's ids, ``-inf`` off the intersection (one gather per target id: a Triton
-  kernel on CUDA, 2.7 µs for one row at Kimi's 163840 ids on an H200,
+  kernel on CUDA, 2.7 µs for one row over Kimi-K2.5's full vocabulary on an H200,
   ``bench/reports/tli-seams-h200``).  vLLM's sampler then draws the
   proposal from the restricted, renormalized distribution, caches exactly these
   logits for probabilistic verification, and the verifier compares against the
