@@ -297,49 +297,73 @@ def diagnose_configs(
     method = method or infer_method(draft_cfg, draft_name)
     if method == "mtp":
         return _diagnose_mtp(target_cfg, draft_cfg, tensors)
-    out: list[Finding] = []
     tgt = _text(target_cfg)
     t_vocab = int(tgt.get("vocab_size") or target_cfg.get("vocab_size") or 0)
     t_hidden = int(tgt.get("hidden_size") or 0)
     t_layers = int(tgt.get("num_hidden_layers") or 0)
+    out: list[Finding] = []
+    if method == "eagle3":
+        out += _check_mtp_rewrite(draft_cfg, vllm_keeps_eagle3_deepseek_heads)
+    out += _check_context_cap(tgt, draft_cfg, served_max_model_len)
+    if method in ("eagle3", "dflash") and _uses_aux(draft_cfg):
+        out += _check_aux(draft_cfg, tensors, method, t_hidden, t_layers)
+    out += _check_vocab(draft_cfg, tensors, t_vocab)
+    out += _check_hidden(draft_cfg, t_hidden)
+    out += _check_rope(tgt, draft_cfg)
+    out += _check_special_ids(draft_cfg, t_vocab)
+    if method == "dflash":
+        out += _check_dflash_mask(draft_cfg, t_vocab)
+    return out
+
+
+def _check_mtp_rewrite(draft_cfg: dict, vllm_keeps_heads: bool | None) -> list[Finding]:
+    """DeepSeek-type EAGLE-3 heads and vLLM's MTP rewrite."""
     arch, model_type = _arch(draft_cfg), draft_cfg.get("model_type")
+    if model_type not in _DEEPSEEK_MTP_REWRITTEN:
+        return []
+    if vllm_keeps_heads is None:
+        vllm_keeps_heads = _vllm_keeps_eagle3_deepseek_heads()
+    if _is_eagle3_arch(arch) and vllm_keeps_heads:
+        return []
+    fix = ("set model_type 'deepseek_v2' in the draft's config.json, or use a vLLM "
+           "carrying the EAGLE-3 rewrite fix" if _is_eagle3_arch(arch) else
+           "name an EAGLE-3 architecture such as 'Eagle3DeepseekV2ForCausalLM' and "
+           "set model_type 'deepseek_v2' in the draft's config.json")
+    return [Finding("E-ARCH-MTP-REWRITE", ERROR, (
+        f"draft model_type {model_type!r} with architecture {arch!r}: vLLM rewrites "
+        "it into an MTP draft (DeepSeekMTPModel), which EAGLE-3 turns into the "
+        f"non-existent 'Eagle3DeepSeekMTPModel'. To fix: {fix}."))]
 
-    # 1. DeepSeek-type EAGLE-3 heads and vLLM's MTP rewrite.
-    if method == "eagle3" and model_type in _DEEPSEEK_MTP_REWRITTEN:
-        if vllm_keeps_eagle3_deepseek_heads is None:
-            vllm_keeps_eagle3_deepseek_heads = _vllm_keeps_eagle3_deepseek_heads()
-        if not _is_eagle3_arch(arch) or not vllm_keeps_eagle3_deepseek_heads:
-            fix = ("set model_type 'deepseek_v2' in the draft's config.json, or use a vLLM "
-                   "carrying the EAGLE-3 rewrite fix" if _is_eagle3_arch(arch) else
-                   "name an EAGLE-3 architecture such as 'Eagle3DeepseekV2ForCausalLM' and "
-                   "set model_type 'deepseek_v2' in the draft's config.json")
-            out.append(Finding("E-ARCH-MTP-REWRITE", ERROR, (
-                f"draft model_type {model_type!r} with architecture {arch!r}: vLLM rewrites "
-                "it into an MTP draft (DeepSeekMTPModel), which EAGLE-3 turns into the "
-                f"non-existent 'Eagle3DeepSeekMTPModel'. To fix: {fix}.")))
 
-    # 2. Context cap.
+def _check_context_cap(tgt: dict, draft_cfg: dict,
+                       served_max_model_len: int | None) -> list[Finding]:
+    """A draft with a shorter (non cache-only) RoPE context caps the served one."""
     served = served_max_model_len or int(tgt.get("max_position_embeddings") or 0)
     d_mpe = draft_cfg.get("max_position_embeddings")
-    if d_mpe is not None and served and int(d_mpe) < served:
-        rtype = _rope_type(draft_cfg)
-        if rtype not in CACHE_ONLY_ROPE_TYPES:
-            out.append(Finding("W-CONTEXT-CAP", WARNING, (
-                f"draft max_position_embeddings={d_mpe} with {rtype} RoPE is below the "
-                f"served context {served}: vLLM lowers max_model_len from {served} to "
-                f"{d_mpe} for every request. Pass --max-model-len {d_mpe} knowingly, or "
-                "use a draft exported for the target's full context.")))
+    if d_mpe is None or not served or int(d_mpe) >= served:
+        return []
+    rtype = _rope_type(draft_cfg)
+    if rtype in CACHE_ONLY_ROPE_TYPES:
+        return []
+    return [Finding("W-CONTEXT-CAP", WARNING, (
+        f"draft max_position_embeddings={d_mpe} with {rtype} RoPE is below the "
+        f"served context {served}: vLLM lowers max_model_len from {served} to "
+        f"{d_mpe} for every request. Pass --max-model-len {d_mpe} knowingly, or "
+        "use a draft exported for the target's full context."))]
 
-    # 3. Aux hidden states and the fusion layer.
-    uses_aux = True
+
+def _uses_aux(draft_cfg: dict) -> bool:
+    """False when the draft's eagle/dflash config turns aux hidden states off."""
     for key in ("eagle_config", "dflash_config"):
         sub = draft_cfg.get(key)
         if isinstance(sub, dict) and sub.get("use_aux_hidden_state") is False:
-            uses_aux = False
-    if method in ("eagle3", "dflash") and uses_aux:
-        out += _check_aux(draft_cfg, tensors, method, t_hidden, t_layers)
+            return False
+    return True
 
-    # 4. Vocabulary and d2t.
+
+def _check_vocab(draft_cfg: dict, tensors: TensorIndex, t_vocab: int) -> list[Finding]:
+    """Vocabulary size, the reduced-vocabulary ``d2t`` map and ``lm_head`` rows."""
+    out: list[Finding] = []
     d_vocab = draft_cfg.get("vocab_size")
     if d_vocab is not None and t_vocab and int(d_vocab) != t_vocab:
         out.append(Finding("E-VOCAB-MISMATCH", ERROR, (
@@ -359,43 +383,51 @@ def diagnose_configs(
     if lm is not None and dv and tensors.shape(lm)[0] != dv:
         out.append(Finding("E-LM-HEAD-ROWS", ERROR, (
             f"{lm} has {tensors.shape(lm)[0]} rows but draft_vocab_size is {dv}.")))
+    return out
 
-    # 5. Hidden size.
+
+def _check_hidden(draft_cfg: dict, t_hidden: int) -> list[Finding]:
+    """The hidden size the draft expects from the target."""
     declared = draft_cfg.get("target_hidden_size")
     d_hidden = draft_cfg.get("hidden_size")
     if t_hidden and declared is not None and int(declared) != t_hidden:
-        out.append(Finding("E-HIDDEN-MISMATCH", ERROR, (
+        return [Finding("E-HIDDEN-MISMATCH", ERROR, (
             f"draft target_hidden_size={declared} but the target's hidden_size is "
-            f"{t_hidden}.")))
-    elif t_hidden and declared is None and d_hidden is not None and int(d_hidden) != t_hidden:
-        out.append(Finding("E-HIDDEN-MISMATCH", ERROR, (
+            f"{t_hidden}."))]
+    if t_hidden and declared is None and d_hidden is not None and int(d_hidden) != t_hidden:
+        return [Finding("E-HIDDEN-MISMATCH", ERROR, (
             f"draft hidden_size={d_hidden} differs from the target's hidden_size "
-            f"{t_hidden} and the draft declares no target_hidden_size.")))
+            f"{t_hidden} and the draft declares no target_hidden_size."))]
+    return []
 
-    # 6. RoPE.
-    out += _check_rope(tgt, draft_cfg)
 
-    # 7. Special ids.
-    if t_vocab:
-        for key, code, sev in (("bos_token_id", "E-SPECIAL-ID", ERROR),
-                               ("eos_token_id", "E-SPECIAL-ID", ERROR),
-                               ("pad_token_id", "W-PAD-ID", WARNING)):
-            bad = [i for i in _ids(draft_cfg.get(key)) if not 0 <= i < t_vocab]
-            if bad:
-                out.append(Finding(code, sev, (
-                    f"draft {key}={draft_cfg.get(key)} is outside the target vocabulary "
-                    f"[0, {t_vocab}).")))
-
-    # 8. DFlash mask token.
-    if method == "dflash":
-        dfc = draft_cfg.get("dflash_config") if isinstance(draft_cfg.get("dflash_config"),
-                                                          dict) else {}
-        mask = dfc.get("mask_token_id", draft_cfg.get("mask_token_id"))
-        if mask is None or not 0 <= int(mask) < int(d_vocab or t_vocab or 0):
-            out.append(Finding("E-DFLASH-MASK-ID", ERROR, (
-                f"DFlash mask_token_id={mask} is missing or outside the draft vocabulary "
-                f"[0, {d_vocab or t_vocab}); masked block slots would embed garbage.")))
+def _check_special_ids(draft_cfg: dict, t_vocab: int) -> list[Finding]:
+    """The draft's bos / eos / pad ids must exist in the target vocabulary."""
+    if not t_vocab:
+        return []
+    out: list[Finding] = []
+    for key, code, sev in (("bos_token_id", "E-SPECIAL-ID", ERROR),
+                           ("eos_token_id", "E-SPECIAL-ID", ERROR),
+                           ("pad_token_id", "W-PAD-ID", WARNING)):
+        bad = [i for i in _ids(draft_cfg.get(key)) if not 0 <= i < t_vocab]
+        if bad:
+            out.append(Finding(code, sev, (
+                f"draft {key}={draft_cfg.get(key)} is outside the target vocabulary "
+                f"[0, {t_vocab}).")))
     return out
+
+
+def _check_dflash_mask(draft_cfg: dict, t_vocab: int) -> list[Finding]:
+    """A DFlash draft embeds its masked block slots with ``mask_token_id``."""
+    d_vocab = draft_cfg.get("vocab_size")
+    dfc = draft_cfg.get("dflash_config") if isinstance(draft_cfg.get("dflash_config"),
+                                                      dict) else {}
+    mask = dfc.get("mask_token_id", draft_cfg.get("mask_token_id"))
+    if mask is None or not 0 <= int(mask) < int(d_vocab or t_vocab or 0):
+        return [Finding("E-DFLASH-MASK-ID", ERROR, (
+            f"DFlash mask_token_id={mask} is missing or outside the draft vocabulary "
+            f"[0, {d_vocab or t_vocab}); masked block slots would embed garbage."))]
+    return []
 
 
 def _check_aux(draft_cfg: dict, tensors: TensorIndex, method: str, t_hidden: int,

@@ -512,38 +512,11 @@ def shrink_vocab(
     :class:`ShrinkVocabError` naming the mismatch; on any error ``out_dir`` is
     left as it was (absent, or the previous directory under ``force``).
     """
-    if out_dir is None:
-        raise ShrinkVocabError("out_dir is required")
-    head_dir, out_dir = Path(head_dir), Path(out_dir)
-    corpora = [corpora] if isinstance(corpora, (str, Path)) else list(corpora)
-    if not corpora:
-        raise ShrinkVocabError("empty corpus: no corpus file given")
-    if out_dir.exists() and out_dir.resolve() == head_dir.resolve():
-        raise ShrinkVocabError(f"output directory {out_dir} is the input head")
-    if out_dir.exists() and not force:
-        raise ShrinkVocabError(f"output directory {out_dir} exists (use --force to replace it)")
-
+    head_dir, out_dir, corpora = _check_paths(head_dir, corpora, out_dir, force)
     cfg, index, lm_head, vocab = _read_head(head_dir)
-    n_tok = len(tokenizer)
-    if n_tok != vocab:
-        raise ShrinkVocabError(
-            f"tokenizer has {n_tok} tokens (len(tokenizer)) but the head's vocab_size is "
-            f"{vocab}: it is not the target's tokenizer")
-    if not isinstance(size, int) or size <= 0 or size >= vocab:
-        raise ShrinkVocabError(
-            f"size must be a positive number smaller than the head's vocab_size {vocab}, "
-            f"got {size}")
-
-    counted = [count_corpus(p, tokenizer.encode, vocab, field=field, text_unit=text_unit,
-                            progress=progress) for p in corpora]
-    total: Counter = Counter()
-    for c in counted:
-        total.update(c.counts)
-    if sum(total.values()) == 0:
-        raise ShrinkVocabError(
-            "empty corpus: the corpora tokenize to 0 tokens ("
-            + ", ".join(c.path for c in counted) + ")")
-
+    _check_tokenizer_and_size(tokenizer, vocab, size)
+    counted, total = _count_corpora(corpora, tokenizer, vocab, field=field, text_unit=text_unit,
+                                    progress=progress)
     forced = {t for t in forced_token_ids(tokenizer, cfg, chat_template) if 0 <= t < vocab}
     kept = select_kept_ids(total, forced, size, vocab)
     kept_set = set(kept)
@@ -558,13 +531,66 @@ def shrink_vocab(
             distinct_tokens=len(c.counts)) for c in counted],
         kept_ids=kept)
 
+    def write(tmp: Path) -> None:
+        _write_head(head_dir, tmp, cfg, index, lm_head, kept, vocab)
+        _write_coverage(tmp, report)
+
+    _write_atomically(out_dir, write, force=force)
+    return report
+
+
+def _check_paths(head_dir: str | Path, corpora: Sequence[str | Path] | str | Path,
+                 out_dir: str | Path | None, force: bool) -> tuple[Path, Path, list]:
+    """``(head_dir, out_dir, corpora)`` as paths / a list, or the reason they are refused."""
+    if out_dir is None:
+        raise ShrinkVocabError("out_dir is required")
+    head_dir, out_dir = Path(head_dir), Path(out_dir)
+    corpora = [corpora] if isinstance(corpora, (str, Path)) else list(corpora)
+    if not corpora:
+        raise ShrinkVocabError("empty corpus: no corpus file given")
+    if out_dir.exists() and out_dir.resolve() == head_dir.resolve():
+        raise ShrinkVocabError(f"output directory {out_dir} is the input head")
+    if out_dir.exists() and not force:
+        raise ShrinkVocabError(f"output directory {out_dir} exists (use --force to replace it)")
+    return head_dir, out_dir, corpora
+
+
+def _check_tokenizer_and_size(tokenizer: TokenizerLike, vocab: int, size: int) -> None:
+    n_tok = len(tokenizer)
+    if n_tok != vocab:
+        raise ShrinkVocabError(
+            f"tokenizer has {n_tok} tokens (len(tokenizer)) but the head's vocab_size is "
+            f"{vocab}: it is not the target's tokenizer")
+    if not isinstance(size, int) or size <= 0 or size >= vocab:
+        raise ShrinkVocabError(
+            f"size must be a positive number smaller than the head's vocab_size {vocab}, "
+            f"got {size}")
+
+
+def _count_corpora(corpora: list, tokenizer: TokenizerLike, vocab: int, *, field: str | None,
+                   text_unit: str, progress: bool | None) -> tuple[list[_Counted], Counter]:
+    """Per-corpus counts and their total; refuses corpora that yield no token."""
+    counted = [count_corpus(p, tokenizer.encode, vocab, field=field, text_unit=text_unit,
+                            progress=progress) for p in corpora]
+    total: Counter = Counter()
+    for c in counted:
+        total.update(c.counts)
+    if sum(total.values()) == 0:
+        raise ShrinkVocabError(
+            "empty corpus: the corpora tokenize to 0 tokens ("
+            + ", ".join(c.path for c in counted) + ")")
+    return counted, total
+
+
+def _write_atomically(out_dir: Path, write: Callable[[Path], None], *, force: bool) -> None:
+    """Run ``write`` into a temporary sibling of ``out_dir``, then rename it into
+    place; on any error nothing is left behind and a replaced ``out_dir`` is restored."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     old: Path | None = None
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would outlive the rename
-        _write_head(head_dir, tmp, cfg, index, lm_head, kept, vocab)
-        _write_coverage(tmp, report)
+        write(tmp)
         if out_dir.exists():
             if not force:  # appeared while we were writing
                 raise ShrinkVocabError(f"output directory {out_dir} exists "
@@ -579,4 +605,3 @@ def shrink_vocab(
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return report

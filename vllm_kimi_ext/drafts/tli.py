@@ -198,6 +198,36 @@ def project_inputs(target_ids: torch.Tensor, table: torch.Tensor) -> torch.Tenso
     return table.index_select(0, idx).to(target_ids.dtype)
 
 
+def _fill_by_longest_suffix(table: list[int], t_keys: list[Key], d_keys: list[Key],
+                            default_id: int) -> tuple[int, int]:
+    """Fill the ``-1`` entries of ``table`` (target id -> draft input id) with the
+    draft token that is the longest suffix of the target token's bytes (a special
+    token's name counts as its text; a hole has none), else ``default_id``.
+    Returns ``(filled by suffix, filled by default)``."""
+    draft_bytes = {k: i for i, k in enumerate(d_keys) if isinstance(k, bytes)}
+    max_len = max((len(k) for k in draft_bytes), default=0)
+    n_suffix = n_default = 0
+    for tid, key in enumerate(t_keys):
+        if table[tid] >= 0:
+            continue
+        if isinstance(key, bytes):
+            raw = key
+        else:  # a special token's name, or b"" for a hole
+            raw = key.encode("utf-8") if isinstance(key, str) else b""
+        found = None
+        for start in range(max(0, len(raw) - max_len), len(raw)):
+            found = draft_bytes.get(raw[start:])
+            if found is not None:
+                break
+        if found is None:
+            table[tid] = default_id
+            n_default += 1
+        else:
+            table[tid] = found
+            n_suffix += 1
+    return n_suffix, n_default
+
+
 def build_tli_maps(
     target_dir: str | Path,
     draft_dir: str | Path,
@@ -225,30 +255,10 @@ def build_tli_maps(
             f"{inter.size} tokens (< {max(1, min_shared_tokens)} required): token-level "
             "intersection drafting would propose (almost) nothing")
 
-    draft_bytes = {k: i for i, k in enumerate(d_keys) if isinstance(k, bytes)}
-    max_len = max((len(k) for k in draft_bytes), default=0)
     default_id = 0
     table = inter.target_to_draft.tolist()  # exact counterparts; -1 to fill below
     n_exact = sum(d >= 0 for d in table)
-    n_suffix = n_default = 0
-    for tid, key in enumerate(t_keys):
-        if table[tid] >= 0:
-            continue
-        if isinstance(key, bytes):
-            raw = key
-        else:  # a special token's name, or b"" for a hole
-            raw = key.encode("utf-8") if isinstance(key, str) else b""
-        found = None
-        for start in range(max(0, len(raw) - max_len), len(raw)):
-            found = draft_bytes.get(raw[start:])
-            if found is not None:
-                break
-        if found is None:
-            table[tid] = default_id
-            n_default += 1
-        else:
-            table[tid] = found
-            n_suffix += 1
+    n_suffix, n_default = _fill_by_longest_suffix(table, t_keys, d_keys, default_id)
     shared_ids = inter.shared_target_ids.tolist()
     return TLIMaps(
         intersection=inter,
