@@ -70,7 +70,7 @@ def run(draws: int, temperature: float, vllm_src: Path | None) -> dict:
     from bench_sharded_verify import load_vllm_rejection_sample
 
     from vllm_kimi_ext.drafts.tli import scatter_to_target
-    from vllm_kimi_ext.verify.testing_utils import chi_square
+    from vllm_kimi_ext.testing.verify_equivalence import chi_square
 
     rejection_sample, info = load_vllm_rejection_sample(vllm_src)
     gumbel_sample = sys.modules["vllm.v1.worker.gpu.sample.gumbel"].gumbel_sample
