@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_kimi_ext.benchmarks import readme as R
+from bench.harness import readme as R
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,7 +13,7 @@ def test_readme_section_is_up_to_date():
     text = (ROOT / "README.md").read_text()
     docs = (ROOT / "docs" / "what-to-run.md").read_text()
     assert R.current_section(text) == R.readme_section(docs), (
-        "README section is stale: run python -m vllm_kimi_ext.benchmarks.readme --write")
+        "README section is stale: run python -m bench.harness.readme --write")
 
 
 def test_section_says_it_is_a_model_and_sits_before_layout():
