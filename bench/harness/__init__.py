@@ -11,7 +11,8 @@ runner (``bench/e2e/runner.py``); tests import it as ``bench.harness`` (pytest's
 - :mod:`.common`: provenance, capability detection, path scrubbing, markdown helpers;
 - :mod:`.schema`: a small dataclass validator for the result files;
 - :mod:`.prompts`: MT-Bench / HumanEval / GSM8K prompts from installed packages, offline;
-- :mod:`.readme`: the README section "What to run on 8x PCIe", generated.
+- :mod:`.readme`: the README section "What to run on 8x PCIe", generated;
+- :mod:`.generated_docs`: every generated document and the command that writes it.
 
 Nothing here imports vLLM at module import time.
 """
