@@ -1,4 +1,4 @@
-"""Sessions: apply-patches, test, upstream-tests, bench, lint.
+"""Sessions: apply-patches, test, upstream-tests, bench, docs, lint.
 
 All sessions share one project environment (default ``.venv``, override with
 ``VLLM_KIMI_EXT_ENV``): ``apply-patches`` creates it and installs the patched
@@ -12,6 +12,7 @@ in it. Activate it (``source .venv/bin/activate``) to run ``vllm serve``.
     nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
     nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
     nox -s bench                              # what this machine can measure
+    nox -s docs [-- --check]                  # regenerate every generated document
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+from bench.harness.generated_docs import GENERATORS as DOC_GENERATORS  # stdlib only
 from vllm_kimi_ext import patchset  # noqa: E402  (stdlib-only module)
 
 nox.options.sessions = ["apply-patches", "test"]
@@ -42,6 +44,8 @@ TORCH_CUDA_PIN = "torch==2.14.0"  # requirements/cuda.txt of vLLM 0.34.0 (kernel
 # What vLLM's own tests import beyond vLLM's runtime requirements (its conftest
 # uses tblib; async tests need pytest-asyncio; a timeout guards hangs).
 UPSTREAM_TEST_REQUIREMENTS = ["tblib", "pytest-asyncio", "pytest-timeout"]
+# vLLM tests that cannot run here, each with its reason (read by the upstream-tests plugin).
+UPSTREAM_DESELECT_LIST = ROOT / "tests" / "upstream" / "deselect.txt"
 # No model hub here: fail fast instead of retrying with back-off.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -200,6 +204,7 @@ def upstream_tests(session: nox.Session) -> None:
         session.log(f"running on the stock baseline {stock}")
     session.chdir(tree)
     _pytest(session, "-p", "vllm_kimi_ext.testing.upstream_deselect",
+            "--upstream-deselect-list", str(UPSTREAM_DESELECT_LIST),
             "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
             "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--timeout", "300",
             "--rootdir", str(tree), *args, env=env)
@@ -214,6 +219,17 @@ def bench(session: nox.Session) -> None:
     env = {} if _cuda_available() else {"VLLM_TARGET_DEVICE": "cpu"}
     session.run(_py(), str(ROOT / "bench" / "run_all.py"), *session.posargs, external=True,
                 env=env)
+
+
+@nox.session(default=False)
+def docs(session: nox.Session) -> None:
+    """Regenerate every generated document (bench/harness/generated_docs.py lists them);
+    ``-- --check`` changes nothing and fails when one is stale."""
+    _require_env(session)
+    check = "--check" in session.posargs
+    for gen in DOC_GENERATORS:
+        session.run(_py(), *gen.command(ROOT, check=check), external=True,
+                    env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session(default=False)

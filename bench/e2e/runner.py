@@ -100,8 +100,8 @@ def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from vllm_kimi_ext.benchmarks import e2e
-    from vllm_kimi_ext.benchmarks.schema import E2EResults, validate
+    from bench.harness import e2e
+    from bench.harness.schema import E2EResults, validate
 
     try:
         cfg = apply_overrides(e2e.load_config(args.config), args)
@@ -128,8 +128,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from vllm_kimi_ext.benchmarks import e2e
-    from vllm_kimi_ext.benchmarks.schema import E2EResults, SchemaError, check
+    from bench.harness import e2e
+    from bench.harness.schema import E2EResults, SchemaError, check
 
     docs = []
     for p in [args.a] + ([args.b] if args.b else []):

@@ -66,11 +66,23 @@ def _case(device: str, seed: int = 0):
     return inter, target.to(device), draft.to(device)
 
 
+def _binned_chi_square(counts: torch.Tensor, probs: torch.Tensor, n: int):
+    """Pearson chi-square of ``n`` draws against ``probs``, the tail (expected count < 5)
+    pooled into one bin: (statistic, p-value, degrees of freedom)."""
+    from vllm_kimi_ext.testing.verify_equivalence import chi_square
+
+    order = torch.argsort(probs, descending=True)
+    keep = order[probs[order] * n >= 5]
+    rest = torch.ones(probs.numel(), dtype=torch.bool)
+    rest[keep] = False
+    return chi_square(torch.cat([counts[keep], counts[rest].sum().view(1)]),
+                      torch.cat([probs[keep], probs[rest].sum().view(1)]))
+
+
 def run(draws: int, temperature: float, vllm_src: Path | None) -> dict:
     from bench_sharded_verify import load_vllm_rejection_sample
 
     from vllm_kimi_ext.drafts.tli import scatter_to_target
-    from vllm_kimi_ext.verify.testing_utils import chi_square
 
     rejection_sample, info = load_vllm_rejection_sample(vllm_src)
     gumbel_sample = sys.modules["vllm.v1.worker.gpu.sample.gumbel"].gumbel_sample
@@ -116,13 +128,7 @@ def run(draws: int, temperature: float, vllm_src: Path | None) -> dict:
         torch.cuda.synchronize()
         first = sampled[:, 0].long()
         counts = torch.bincount(first, minlength=VT).double().cpu()
-        pc = p.cpu()
-        order = torch.argsort(pc, descending=True)
-        keep = order[pc[order] * n >= 5]
-        rest = torch.ones(VT, dtype=torch.bool)
-        rest[keep] = False
-        stat, pval, dof = chi_square(torch.cat([counts[keep], counts[rest].sum().view(1)]),
-                                     torch.cat([pc[keep], pc[rest].sum().view(1)]))
+        stat, pval, dof = _binned_chi_square(counts, p.cpu(), n)
         accepted = (num_sampled == 2).double().mean().item()
         shared_mask = torch.zeros(VT, dtype=torch.bool, device=dev)
         shared_mask[st] = True

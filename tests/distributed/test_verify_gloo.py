@@ -3,18 +3,18 @@
 Each rank holds only its vocabulary shard and exchanges statistics through
 ``torch.distributed.all_gather``; every rank checks its output against the
 full-vocabulary reference, that all ranks agree, and that the collectives it
-issued match ``comm_plan`` (see ``vllm_kimi_ext.verify.dist_check``).
+issued match ``comm_plan`` (see ``vllm_kimi_ext.testing.verify_dist_check``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.verify import dist_check
+from vllm_kimi_ext.testing import verify_dist_check
 
 pytestmark = pytest.mark.distributed
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_sharded_verify_over_gloo(world_size):
-    dist_check.run(world_size, backend="gloo", vocab_size=1001)  # 1001: last shard padded
+    verify_dist_check.run(world_size, backend="gloo", vocab_size=1001)  # 1001: last shard padded

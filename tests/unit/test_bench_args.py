@@ -70,7 +70,7 @@ def test_runner_run_and_compare(runner):
 
 
 def test_runner_overrides(runner):
-    from vllm_kimi_ext.benchmarks.e2e import load_config
+    from bench.harness.e2e import load_config
 
     cfg = load_config(BENCH / "configs" / "e2e-tiny.yaml")
     a = runner.build_parser().parse_args(["run", "--requests", "2", "--concurrency", "1,8",

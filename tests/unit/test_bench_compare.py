@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.benchmarks import e2e
-from vllm_kimi_ext.benchmarks.schema import E2E_SCHEMA, E2EResults, validate
+from bench.harness import e2e
+from bench.harness.schema import E2E_SCHEMA, E2EResults, validate
 
 RUNNER = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "runner.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.benchmarks import e2e
-from vllm_kimi_ext.benchmarks.e2e import ConfigError, expand_matrix, normalize_config
+from bench.harness import e2e
+from bench.harness.e2e import ConfigError, expand_matrix, normalize_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from vllm_kimi_ext.benchmarks import e2e
-from vllm_kimi_ext.benchmarks.schema import E2EResults, validate
+from bench.harness import e2e, fake_server
+from bench.harness.e2e import run as e2e_run
+from bench.harness.schema import E2EResults, validate
 
 
 def test_parse_prometheus_and_acceptance():
@@ -58,15 +59,15 @@ def fake_python(tmp_path):
     script = tmp_path / "fakepy"
     script.write_text(
         "#!/bin/sh\n"
-        f'if [ "$1" = "-m" ]; then shift 2; exec "{sys.executable}" -m '
-        'vllm_kimi_ext.benchmarks.fake_server "$@"; fi\n'
+        f'if [ "$1" = "-m" ]; then shift 2; exec "{sys.executable}" "{fake_server.__file__}" '
+        '"$@"; fi\n'
         f'exec "{sys.executable}" "$@"\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
 
 
 def test_run_matrix_against_the_stand_in(tmp_path, fake_python, monkeypatch):
-    monkeypatch.setattr(e2e, "SETTLE_S", 0.05)
+    monkeypatch.setattr(e2e_run, "SETTLE_S", 0.05)
     cfg = e2e.normalize_config({
         "name": "fake", "model": "org/fake-model",
         "matrix": {

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm_kimi_ext.benchmarks import prompts as P
+from bench.harness import prompts as P
 
 
 @pytest.fixture()

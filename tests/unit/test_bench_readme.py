@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_kimi_ext.benchmarks import readme as R
+from bench.harness import readme as R
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,7 +13,7 @@ def test_readme_section_is_up_to_date():
     text = (ROOT / "README.md").read_text()
     docs = (ROOT / "docs" / "what-to-run.md").read_text()
     assert R.current_section(text) == R.readme_section(docs), (
-        "README section is stale: run python -m vllm_kimi_ext.benchmarks.readme --write")
+        "README section is stale: run python -m bench.harness.readme --write-docs .")
 
 
 def test_section_says_it_is_a_model_and_sits_before_layout():
@@ -30,3 +30,10 @@ def test_insert_and_replace_are_idempotent():
     once = R.updated_readme(bare, docs)
     assert once.index(R.HEADING) < once.index("## Layout") and "## Tests\n\nt\n" in once
     assert R.updated_readme(once, docs) == once
+
+
+def test_cli_checks_a_tree_and_names_what_it_cannot_read(tmp_path, capsys):
+    assert R.main(["--check-docs", str(ROOT)]) == 0
+    assert R.main(["--check-docs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"{tmp_path / 'README.md'}: cannot read (No such file or directory)"

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.benchmarks import sections as S
-from vllm_kimi_ext.benchmarks.common import detect_capabilities, scrub
-from vllm_kimi_ext.benchmarks.schema import BenchResults, validate
+from bench.harness import sections as S
+from bench.harness.common import detect_capabilities, scrub
+from bench.harness.schema import BenchResults, validate
+from bench.harness.sections.kernels import _script_args
+from bench.harness.sections.verify_cpu import verify_ratios
+from bench.harness.suite import skip_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +34,7 @@ def caps():
     return detect_capabilities()
 
 
-def test_skip_table_on_this_machine(run_all, caps, tmp_path):
+def test_skip_table_on_this_machine(caps, tmp_path):
     ctx = S.Context(out=tmp_path, caps=caps)
     planned = S.plan(caps, ctx)
     assert [s.name for s, _ in planned] == list(S.SECTION_NAMES)
@@ -44,7 +47,7 @@ def test_skip_table_on_this_machine(run_all, caps, tmp_path):
         assert why["allreduce"] == f"needs >= 2 CUDA devices (found {n})"
     if caps["vllm_importable"]:
         assert why["collectives"] is None and why["e2e"] is None
-    rows = run_all.skip_table(planned, {})
+    rows = skip_table(planned, {})
     skipped = {r["section"]: r["why"] for r in rows}
     assert skipped == {k: v for k, v in why.items() if v is not None}
     assert all(r["item"].startswith("whole section") for r in rows)
@@ -64,13 +67,13 @@ def test_gpu_sections_planned_with_gpus(tmp_path):
     assert sel["costmodel"] is None and sel["e2e"].startswith("not selected")
 
 
-def test_skip_table_includes_parts_of_sections(run_all, tmp_path):
+def test_skip_table_includes_parts_of_sections(tmp_path):
     caps = {"matplotlib": True, "pytest_benchmark": True, "vllm_importable": True,
             "cuda": {"device_count": 0}}
     planned = S.plan(caps, S.Context(out=tmp_path, caps=caps), only=["collectives", "e2e"])
     outcomes = {"collectives": S.Outcome("partial", skipped=[("draft pass x", "no CUDA")]),
                 "e2e": S.Outcome("skipped", "no server")}
-    rows = run_all.skip_table(planned, outcomes)
+    rows = skip_table(planned, outcomes)
     assert {"section": "collectives", "item": "draft pass x", "why": "no CUDA"} in rows
     assert {"section": "e2e", "item": "whole section", "why": "no server"} in rows
 
@@ -108,7 +111,7 @@ def test_verify_ratios_pair_cases_with_the_reference():
     data = {"benchmarks": [b("test_sharded[0]", "g0", 0.001, 0.0005),
                            b("test_reference_full[0]", "g0", 0.004, 0.003),
                            b("test_other", "g1", 0.002, 0.001)]}
-    rows = S.verify_ratios(data)
+    rows = verify_ratios(data)
     assert [r["case"] for r in rows] == ["test_reference_full[0]", "test_sharded[0]",
                                          "test_other"]
     assert rows[0]["speedup_vs_reference"] == pytest.approx(1.0)
@@ -125,9 +128,9 @@ def test_kernel_script_arguments(tmp_path):
 
     out = tmp_path / "o"
     d = script("a.py", 'ap.add_argument("--out-dir")\nap.add_argument("--quick")')
-    assert S._script_args(d, out, True) == ["--out-dir", str(out), "--quick"]
+    assert _script_args(d, out, True) == ["--out-dir", str(out), "--quick"]
     e = script("b.py", 'ap.add_argument("--out", type=Path)\n(args.out / "x.json")')
-    assert S._script_args(e, out, True) == ["--out", str(out)]
+    assert _script_args(e, out, True) == ["--out", str(out)]
     f = script("c.py", "ap.add_argument('--out')\nPath(args.out).write_text(x)")
-    assert S._script_args(f, out, False) == ["--out", str(out / "c.json")]
-    assert S._script_args(script("d.py", "print(1)"), out, True) == []
+    assert _script_args(f, out, False) == ["--out", str(out / "c.json")]
+    assert _script_args(script("d.py", "print(1)"), out, True) == []

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from vllm_kimi_ext.benchmarks import e2e
-from vllm_kimi_ext.benchmarks.schema import (
+from bench.harness import e2e
+from bench.harness.schema import (
     BenchResults,
     E2EResults,
     SchemaError,

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from vllm_kimi_ext.costmodel.acceptance import tau_from_constant_rate
 from vllm_kimi_ext.drafts import placement_table as pt
-from vllm_kimi_ext.patchset import REPO_ROOT
 
-DOC = REPO_ROOT / "docs" / "collectives-per-token.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOC = DOCS / pt.DOC_NAME
 
 
 def test_committed_table_is_up_to_date():
     assert DOC.read_text() == pt.render(), \
-        "regenerate: python -m vllm_kimi_ext.drafts.placement_table --write " \
-        "docs/collectives-per-token.md"
-    assert pt.main(["--check", str(DOC)]) == 0
+        "regenerate: python -m vllm_kimi_ext.drafts.placement_table --write-docs docs/"
+    assert pt.main(["--check-docs", str(DOCS)]) == 0
 
 
 def test_fit_reproduces_published_tau_and_counts():

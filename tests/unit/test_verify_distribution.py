@@ -22,9 +22,9 @@ import functools
 import pytest
 import torch
 
+from vllm_kimi_ext.testing.verify_equivalence import chi_square
+from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, VocabShardedVerifier
-from vllm_kimi_ext.verify.simulate import simulate_sharded_verify
-from vllm_kimi_ext.verify.testing_utils import chi_square
 
 N = 100_000
 V = 18

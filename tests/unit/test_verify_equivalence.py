@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
+from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
+from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
-from vllm_kimi_ext.verify.simulate import simulate_sharded_verify
-from vllm_kimi_ext.verify.testing_utils import assert_equivalent
 
 
 @pytest.fixture(autouse=True, scope="module")

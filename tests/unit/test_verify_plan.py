@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import (
     BatchModes,
     Fallback,
@@ -19,7 +20,6 @@ from vllm_kimi_ext.verify import (
 )
 from vllm_kimi_ext.verify.plan import FALLBACK_REASONS
 from vllm_kimi_ext.verify.sharded import full_gather_bytes_per_row
-from vllm_kimi_ext.verify.simulate import simulate_sharded_verify
 
 KIMI_V = 163840
 

@@ -171,8 +171,8 @@ def test_verification_with_the_speculators_q_is_lossless(built):
     from vllm.config import set_current_vllm_config
 
     from vllm_kimi_ext.drafts.cross_tokenizer import rejection_step, sample_categorical
+    from vllm_kimi_ext.testing.verify_equivalence import chi_square
     from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
-    from vllm_kimi_ext.verify.testing_utils import chi_square
 
     cfg, spec, target_model = built
     maps = spec.tli_maps

@@ -1,7 +1,9 @@
 """pytest plugin for `nox -s upstream-tests`: skip what cannot run here, by list.
 
-vLLM's own tests run from the patched tree, minus ``tests/upstream/deselect.txt``
-of this repository. Each line is ``<path or node-id prefix>  # reason``:
+vLLM's own tests run from the patched tree, minus the entries of the list named by
+``--upstream-deselect-list PATH`` (the noxfile passes this repository's
+``tests/upstream/deselect.txt``; the plugin reads no other file). Each line is
+``<path or node-id prefix>  # reason``:
 
 * an entry ending in ``.py`` is not even imported (modules that fail at import
   on a GPU-less machine or need packages that only serve model-hub tests);
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-LIST = Path(__file__).resolve().parents[2] / "tests" / "upstream" / "deselect.txt"
+import pytest
+
+OPTION = "--upstream-deselect-list"
 
 
-def load_entries(path: Path = LIST) -> list[tuple[str, str]]:
+def load_entries(path: Path) -> list[tuple[str, str]]:
     out = []
     for raw in path.read_text().splitlines():
         body, _, reason = raw.partition("#")
@@ -33,10 +37,29 @@ def load_entries(path: Path = LIST) -> list[tuple[str, str]]:
 
 _entries: list[tuple[str, str]] = []
 _used: set[str] = set()
+_source: list[Path] = []
+
+
+def pytest_addoption(parser):
+    parser.addoption(OPTION, metavar="PATH",
+                     help="the list of vLLM tests to skip, one '<path or node id>  # reason' "
+                          "per line (required by this plugin)")
 
 
 def pytest_configure(config):
-    _entries[:] = load_entries()
+    value = config.getoption(OPTION)
+    if not value:
+        raise pytest.UsageError(f"{__name__}: {OPTION} PATH is required (nox -s upstream-tests "
+                                "passes tests/upstream/deselect.txt)")
+    path = Path(value)
+    try:
+        _entries[:] = load_entries(path)
+    except OSError as exc:
+        raise pytest.UsageError(f"{path}: cannot read the deselect list "
+                                f"({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    _source[:] = [path]
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -73,4 +96,4 @@ def pytest_terminal_summary(terminalreporter):
     unused = [e for e, _ in _entries if e not in _used]
     terminalreporter.write_line(
         f"vllm-kimi-ext upstream list: {len(_entries)} entries "
-        f"({LIST.name}); unused: {unused or 'none'}")
+        f"({_source[0].name if _source else '?'}); unused: {unused or 'none'}")

@@ -5,9 +5,10 @@
 keeps only its vocabulary shard, verifies through real all-gathers and checks
 
 * its output against the full-vocabulary reference (token for token, up to
-  certified rounding flips, see :func:`.testing_utils.assert_equivalent`);
+  certified rounding flips, see :func:`.verify_equivalence.assert_equivalent`);
 * that every rank produced the identical output;
-* that the collectives it issued match :func:`.sharded.comm_plan` in number and bytes.
+* that the collectives it issued match :func:`vllm_kimi_ext.verify.sharded.comm_plan` in
+  number and bytes.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from __future__ import annotations
 import torch
 
 from vllm_kimi_ext.testing.distributed import free_port  # stdlib only
-
-from .batch import VerifyBatch
-from .reference import ReferenceVerifier
-from .sharded import CountingAllGather, VocabShardedVerifier, torch_distributed_all_gather
-from .simulate import shard_columns
-from .testing_utils import assert_equivalent
+from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
+from vllm_kimi_ext.testing.verify_simulate import shard_columns
+from vllm_kimi_ext.verify.batch import VerifyBatch
+from vllm_kimi_ext.verify.reference import ReferenceVerifier
+from vllm_kimi_ext.verify.sharded import (
+    CountingAllGather,
+    VocabShardedVerifier,
+    torch_distributed_all_gather,
+)
 
 
 def scenarios(vocab_size: int = 1001, num_reqs: int = 48, k: int = 3):

@@ -22,6 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+#: The repository root (this harness lives in ``bench/harness/`` of the repository and is not
+#: installed, so it may read the repository: the git commit, ``bench/``, ``pyproject.toml``).
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Distributions whose versions every result records (missing ones are recorded as None).

@@ -1,7 +1,7 @@
 """Check the Triton shard-statistics kernel against the fused-torch implementation.
 
 Usable on a GPU (``--device cuda``) and on CPU through Triton's interpreter
-(``TRITON_INTERPRET=1 python -m vllm_kimi_ext.verify.kernel_check --device cpu``).
+(``TRITON_INTERPRET=1 python -m vllm_kimi_ext.testing.verify_kernel_check --device cpu``).
 
 Criteria (float transcendental functions may differ by a few ulps between
 backends; the integer hash may not differ at all):
@@ -23,8 +23,12 @@ import sys
 
 import torch
 
-from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
-from .kernels import masked_scaled_shard, shard_local_stats_torch, shard_local_stats_triton
+from vllm_kimi_ext.verify.hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
+from vllm_kimi_ext.verify.kernels import (
+    masked_scaled_shard,
+    shard_local_stats_torch,
+    shard_local_stats_triton,
+)
 
 NEG_INF = float("-inf")
 
@@ -83,8 +87,8 @@ def check_hash_bits(device: str, n_rows: int = 7, n_cols: int = 4099) -> int:
     """Bit-compare the 32-bit noise hash of the torch and Triton implementations."""
     import triton
 
-    from ._triton_kernels import hash_bits_kernel
-    from .hashing import element_hash
+    from vllm_kimi_ext.verify._triton_kernels import hash_bits_kernel
+    from vllm_kimi_ext.verify.hashing import element_hash
 
     g = torch.Generator().manual_seed(0)
     seeds = torch.randint(-(2**62), 2**62, (n_rows,), generator=g)
@@ -102,8 +106,8 @@ def check_hash_bits(device: str, n_rows: int = 7, n_cols: int = 4099) -> int:
 def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
                  all_greedy: bool = False) -> dict:
     """Triton merge+decide kernel vs the torch one on random gathered statistics."""
-    from .batch import VerifyBatch
-    from .kernels import decide_torch, decide_triton
+    from vllm_kimi_ext.verify.batch import VerifyBatch
+    from vllm_kimi_ext.verify.kernels import decide_torch, decide_triton
 
     g = torch.Generator().manual_seed(5)
     k = 3

@@ -3,7 +3,7 @@ runner's tests: ``/health``, ``/v1/models``, streamed ``/v1/chat/completions`` w
 ``/metrics`` (behind a trailing-slash redirect, like vLLM's mount) with the spec-decode and
 generation counters, and the plugin's ``collectives per step`` log lines on stdout.
 
-Invoked as ``python -m vllm_kimi_ext.benchmarks.fake_server <vllm serve argv>``; it reads
+Invoked as ``python bench/harness/fake_server.py <vllm serve argv>`` (stdlib only); it reads
 ``--port`` and ``--speculative-config`` and ignores the rest. Deterministic accounting, so
 tests can check the runner's arithmetic:
 

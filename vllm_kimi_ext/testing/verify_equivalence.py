@@ -1,4 +1,4 @@
-"""Helpers shared by the verification tests and benchmarks (no pytest dependency).
+"""Comparison helpers of the verification tests and benchmarks (no pytest dependency).
 
 * :func:`assert_equivalent`: token-for-token comparison of two verifiers, where
   the only tolerated difference is a *certified* rounding flip: an accept test
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .batch import VerifyBatch, VerifyOutput
-from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
-from .reference import ReferenceVerifier, residual_log_weights
+from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
+from vllm_kimi_ext.verify.hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
+from vllm_kimi_ext.verify.reference import ReferenceVerifier, residual_log_weights
 
 
 @dataclass

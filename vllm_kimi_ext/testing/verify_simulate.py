@@ -5,7 +5,7 @@ collective semantics (every rank blocks until all have contributed, then all
 receive the same ``[TP, ...]`` stack), so the sharded verifier runs unchanged
 and any rank-divergent control flow deadlocks (reported as an error after a
 timeout) instead of silently passing. It also records every collective, for
-comparison with :func:`.sharded.comm_plan`.
+comparison with :func:`vllm_kimi_ext.verify.sharded.comm_plan`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .batch import VerifyBatch, VerifyOutput
-from .sharded import AllGather, VocabShardedVerifier
+from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
+from vllm_kimi_ext.verify.sharded import AllGather, VocabShardedVerifier
 
 
 class ThreadedGroup:

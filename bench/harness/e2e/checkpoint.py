@@ -1,0 +1,35 @@
+"""The ``@tiny`` model of an e2e config: a tiny Kimi-shaped checkpoint and EAGLE-3 head,
+written on the fly (exercises the pipeline anywhere; its speed means nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.harness.e2e.matrix import TINY, TINY_EAGLE3
+
+
+def write_tiny_assets(directory: str | Path) -> dict[str, str]:
+    """A tiny Kimi-K2.5 language model (text form, ``DeepseekV3ForCausalLM`` with the real
+    config fields and a Kimi-format tokenizer) and a tiny EAGLE-3 head for it.
+
+    The text form is used because vLLM's ``KimiK25ForConditionalGeneration`` also needs a
+    vision preprocessor config to serve; the language model and its collectives are the
+    same."""
+    from vllm_kimi_ext.testing.checkpoints import (
+        TinyKimiSpec,
+        write_tiny_deepseek_v3,
+        write_tiny_eagle3,
+    )
+    from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
+
+    directory = Path(directory)
+    spec = TinyKimiSpec()
+    model = directory / "tiny-kimi-k25-text"
+    eagle = directory / "tiny-eagle3"
+    if not (model / "model.safetensors").exists():
+        write_tiny_deepseek_v3(model, spec)
+        write_kimi_tokenizer(model, n_ranks=spec.num_ranks)
+    if not (eagle / "model.safetensors").exists():
+        write_tiny_eagle3(eagle, spec)
+    return {TINY: str(model), TINY_EAGLE3: str(eagle)}
+

@@ -1,0 +1,73 @@
+"""Every generated document of the repository and the generator that writes it.
+
+One convention: a generator is a module whose command line takes ``--write-docs DIR`` (write
+its documents under DIR, or update their generated parts in place; files already up to date
+are left alone) and ``--check-docs DIR`` (exit 1 when one is stale). ``nox -s docs`` runs
+:data:`GENERATORS` in order (the README section is made from ``docs/what-to-run.md``, so it
+comes after the cost model); ``tests/unit/test_generated_docs.py`` regenerates everything
+into a scratch tree with :func:`stale_documents` and fails when a committed document differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import shutil
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class DocGenerator:
+    #: ``python -m MODULE --write-docs DIR``
+    module: str
+    #: DIR, relative to the repository root
+    directory: str
+    #: the documents it writes, relative to DIR
+    documents: tuple[str, ...]
+    #: those of them it edits in place (hand-written around generated blocks)
+    updates: tuple[str, ...] = ()
+
+    def command(self, root: Path, check: bool = False) -> list[str]:
+        """Arguments after ``python``."""
+        return ["-m", self.module, "--check-docs" if check else "--write-docs",
+                str(root / self.directory)]
+
+
+GENERATORS: tuple[DocGenerator, ...] = (
+    DocGenerator("vllm_kimi_ext.costmodel.report", "docs", ("what-to-run.md", "cost-model.md"),
+                 updates=("cost-model.md",)),
+    DocGenerator("vllm_kimi_ext.drafts.placement_table", "docs", ("collectives-per-token.md",)),
+    DocGenerator("bench.harness.readme", ".", ("README.md",), updates=("README.md",)),
+)
+
+
+def documents() -> list[str]:
+    """Every generated document, relative to the repository root."""
+    return [str(Path(g.directory) / d) for g in GENERATORS for d in g.documents]
+
+
+def regenerate(root: Path, scratch: Path) -> list[str]:
+    """Write every generated document of the tree at ``root`` afresh under ``scratch``: the
+    documents edited in place are copied from ``root`` first, then each generator runs
+    (in process) with ``--write-docs``. Returns the documents, relative to either tree."""
+    for g in GENERATORS:
+        for name in g.updates:
+            dst = scratch / g.directory / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / g.directory / name, dst)
+    for g in GENERATORS:
+        rc = importlib.import_module(g.module).main(g.command(scratch)[2:])
+        if rc != 0:
+            raise RuntimeError(f"python {' '.join(g.command(scratch))} exited {rc}")
+    return documents()
+
+
+def stale_documents(root: Path, scratch: Path) -> list[str]:
+    """The generated documents of ``root`` that differ from a fresh regeneration (missing
+    ones included), relative to ``root``."""
+    stale = []
+    for rel in regenerate(root, scratch):
+        mine = root / rel
+        if not mine.is_file() or mine.read_text() != (scratch / rel).read_text():
+            stale.append(rel)
+    return stale

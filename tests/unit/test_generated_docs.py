@@ -1,0 +1,66 @@
+"""Every generated document is committed up to date, and every generator follows one
+convention (``--write-docs DIR`` / ``--check-docs DIR``); the list of generators is
+``bench/harness/generated_docs.py`` (``nox -s docs`` runs it)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.harness.generated_docs import GENERATORS, documents, stale_documents
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_committed_documents_are_up_to_date(tmp_path):
+    stale = stale_documents(REPO, tmp_path)
+    assert stale == [], f"stale generated documents {stale}: run nox -s docs"
+    assert set(documents()) == {"README.md", "docs/what-to-run.md", "docs/cost-model.md",
+                                "docs/collectives-per-token.md"}
+
+
+def _stale_copy(tmp_path: Path) -> Path:
+    """The committed documents with one generated line changed in each (the planted bug)."""
+    root = tmp_path / "repo"
+    for rel in documents():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / rel, root / rel)
+    edits = {
+        "README.md": (r"Expected \*\*(\d+) tok/s", "Expected **1 tok/s"),
+        "docs/what-to-run.md": (r"\n$", "\nA hand edit.\n"),
+        "docs/collectives-per-token.md": (r"\| 3 \| 3\.20 \|", "| 3 | 3.21 |"),
+        # a line inside cost-model.md's generated anatomy block
+        "docs/cost-model.md": (r"\| part \| GB per GPU \| how \|", "| part | GB | how |"),
+    }
+    for rel, (pattern, repl) in edits.items():
+        text = (root / rel).read_text()
+        new, n = re.subn(pattern, repl, text, count=1)
+        assert n == 1, f"{rel}: the planted edit {pattern!r} no longer matches"
+        (root / rel).write_text(new)
+    return root
+
+
+def test_a_stale_document_is_named(tmp_path):
+    root = _stale_copy(tmp_path)
+    assert sorted(stale_documents(root, tmp_path / "scratch")) == sorted(documents())
+
+
+def test_hand_written_parts_are_not_stale(tmp_path):
+    root = tmp_path / "repo"
+    for rel in documents():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / rel, root / rel)
+    for rel in ("README.md", "docs/cost-model.md"):  # outside every generated part
+        (root / rel).write_text((root / rel).read_text() + "\nA hand-written line.\n")
+    assert stale_documents(root, tmp_path / "scratch") == []
+
+
+@pytest.mark.parametrize("gen", GENERATORS, ids=lambda g: g.module)
+def test_every_generator_checks_with_check_docs(gen, tmp_path):
+    main = importlib.import_module(gen.module).main
+    assert main(gen.command(REPO, check=True)[2:]) == 0
+    assert main(gen.command(_stale_copy(tmp_path), check=True)[2:]) == 1
