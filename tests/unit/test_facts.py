@@ -19,8 +19,8 @@ PACKAGE = Path(vllm_kimi_ext.__file__).parent
 # and test harness modules due to leave the package; delete an entry when its
 # module reads vllm_kimi_ext.facts (or leaves). The test fails on stale entries.
 LITERAL_ALLOW_LIST = {
-    "benchmarks/collectives.py",
-    "verify/kernel_check.py",
+    # the GPU kernel check sizes one case like Kimi-K2.5 on purpose (a harness, not a fact)
+    "testing/verify_kernel_check.py",
 }
 
 
