@@ -23,7 +23,11 @@ def test_tree_of_width_one_is_the_chain():
 def test_wider_trees_accept_more_but_never_more_than_the_depth():
     acc = Acceptance.from_conditional([0.6])
     taus = [tree_tau(acc, [w] * 3) for w in (1, 2, 4, 8)]
-    assert taus == sorted(taus) and taus[-1] < 4.0
+    assert all(b > a for a, b in zip(taus, taus[1:])) and taus[-1] < 4.0
+    # one depth, two candidates at conditional rate 0.5 each: 1 - 0.5^2 = 0.75 accepted
+    assert tree_tau(Acceptance.from_conditional([0.5]), [2]) == pytest.approx(1.75)
+    # a sibling accepted ends the path: depth 2 is reached only through the top-1
+    assert tree_tau(Acceptance.from_conditional([0.5]), [2, 1]) == pytest.approx(1 + 0.75 + 0.25)
     # a perfect draft needs no siblings; a useless one gains exactly the siblings' chance
     assert tree_tau(Acceptance.from_conditional([1.0]), [4, 4]) == 3.0
     assert tree_tau(Acceptance.from_conditional([0.0]), [3]) == 1.0
