@@ -19,7 +19,9 @@ rate (a geometric tail); :attr:`Acceptance.measured_positions` says where data e
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -260,9 +262,6 @@ def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]
     """Pooled per-position acceptance of a speculative run of the e2e runner's
     ``results.json`` (levels weighted by their number of drafts), and the run's id.
     ``ValueError`` names the file and the field on anything unusable."""
-    import json
-    from pathlib import Path
-
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))

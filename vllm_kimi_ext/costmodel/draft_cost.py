@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_kimi_ext.costmodel.catalog import DraftProfile
+from vllm_kimi_ext.costmodel.terms import Term
 
 PLACEMENTS = ("tp1", "tp8", "tp8-repemb")
 #: Bytes each rank contributes per row to a draft's local-argmax top-token gather.
@@ -160,8 +161,6 @@ def _kv_read_factor(cm: Any, draft: DraftProfile) -> float:
 def step_terms(cm: Any, draft: DraftProfile, k: int, batch: int, context: int,
                placement: str, vocab: str, backend: str) -> list:
     """Terms of the draft phase of one step."""
-    from vllm_kimi_ext.costmodel.model import Term
-
     if k == 0:
         return []
     tp = draft_tp(cm, placement)

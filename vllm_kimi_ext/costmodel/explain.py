@@ -8,7 +8,7 @@ from vllm_kimi_ext.costmodel.acceptance import Acceptance
 from vllm_kimi_ext.costmodel.catalog import DraftProfile
 from vllm_kimi_ext.costmodel.draft_cost import collectives_per_forward
 from vllm_kimi_ext.costmodel.model import SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK, CostModel
-from vllm_kimi_ext.costmodel.recommend import (
+from vllm_kimi_ext.costmodel.options import (
     Option,
     Recommendation,
     describe,

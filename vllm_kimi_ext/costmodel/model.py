@@ -41,6 +41,7 @@ from vllm_kimi_ext.costmodel.catalog import (
 )
 from vllm_kimi_ext.costmodel.latency import LatencyTable, load_latency_table
 from vllm_kimi_ext.costmodel.params import CalibParams
+from vllm_kimi_ext.costmodel.terms import Term
 
 PLACEMENTS = draft_cost.PLACEMENTS
 VOCABS = ("full", "reduced")
@@ -102,21 +103,6 @@ class Variant:
     tau: float | None = None  # tokens emitted per step instead of acceptance.tau(k)
     hide_draft_behind_comm: bool = False  # draft compute overlapped with target AR waits
     name: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Term:
-    """One line of a step's breakdown."""
-
-    phase: str  # target | verify | draft | overhead
-    name: str
-    time_s: float = 0.0
-    hbm_bytes: float = 0.0
-    flops: float = 0.0
-    collectives: int = 0
-    allreduces: int = 0
-    comm_bytes: float = 0.0  # message size: AR buffer, or gathered output
-    comm_bytes_per_rank: float = 0.0  # what this rank contributes (comm.accounting convention)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,8 @@ import dataclasses
 import math
 from typing import Any
 
+from vllm_kimi_ext.costmodel.catalog import ProfileError
+
 #: Parameters the calibration fits, in the order of its parameter vector.
 FITTED = ("bandwidth_efficiency", "collective_overhead_us", "kv_read_factor", "kv_query_share",
           "routing_skew", "expert_popularity", "spec_step_overhead_us", "draft_forward_overhead_us",
@@ -100,8 +102,6 @@ class CalibParams:
                   ) -> CalibParams:
         """From a profile's ``priors``/``fitted`` object; unknown or missing names are
         errors naming ``where``."""
-        from vllm_kimi_ext.costmodel.catalog import ProfileError
-
         unknown = sorted(set(d) - set(FITTED) - {"fitted_on", "tool", "note"})
         if unknown:
             raise ProfileError(f"{where}: unknown parameter {unknown[0]!r} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_kimi_ext.costmodel.recommend import Option, Recommendation
+from vllm_kimi_ext.costmodel.options import Option, Recommendation
 
 _STYLES = {("tp8", "full"): "-", ("tp8", "reduced"): "--", ("tp1", "full"): ":",
            ("tp1", "reduced"): "-.", ("tp8-repemb", "full"): (0, (5, 1)),

@@ -32,14 +32,16 @@ from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_dr
 from vllm_kimi_ext.costmodel.headline import headline, headline_markdown
 from vllm_kimi_ext.costmodel.latency import load_latency_table
 from vllm_kimi_ext.costmodel.model import CostModel, StepEstimate
+from vllm_kimi_ext.costmodel.options import Recommendation, describe, fmt_bytes
 from vllm_kimi_ext.costmodel.params import BOUNDS, FITTED
-from vllm_kimi_ext.costmodel.recommend import (
-    Recommendation,
-    describe,
-    fmt_bytes,
-    recommend,
-    recommend_across_band,
+from vllm_kimi_ext.costmodel.plot import (
+    plot_latency,
+    plot_levers,
+    plot_plan,
+    plot_validation,
+    series,
 )
+from vllm_kimi_ext.costmodel.recommend import recommend, recommend_across_band
 
 PCIE = "rtx-pro-6000-pcie-x8"
 GENERATED_BLOCKS = ("calibration", "sources", "latency", "anatomy")
@@ -272,8 +274,6 @@ _HEADER = ["draft", "k", "placement", "verifier", "backend", "tau", "tok/s",
 
 
 def plan_markdown(cm: CostModel, rec: Recommendation, plot_name: str | None = None) -> str:
-    from vllm_kimi_ext.costmodel.plot import series
-
     base = rec.no_spec_stock.tokens_per_s
     rows = [_option_row(o, base) for o in rec.options if not o.plan.speculative]
     for _, pts in series(rec.options).items():
@@ -300,8 +300,6 @@ def markdown_report(out_dir: str | Path, hardware: str = PCIE, drafts: list[str]
     """Write ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the markdown. It
     opens with the headline (:func:`~.headline.headline_markdown`). ``acceptance`` maps draft
     names to measured acceptance and overrides the cards."""
-    from vllm_kimi_ext.costmodel.plot import plot_plan
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cm = CostModel.build(hardware)
@@ -408,8 +406,6 @@ def _levers_section(cm: CostModel, h) -> list[str]:
                 md_table(["lever", *(f"batch {b}" for b in whatif.BATCHES), "assumption",
                           "what it would take"], cells), ""]
     head_rows = rows_by_draft[h.draft.name]
-    from vllm_kimi_ext.costmodel.plot import plot_levers  # noqa: F401 (PNG in write_docs)
-
     out += [f"![levers at batch 1]({IMG}/costmodel-levers.png)", "",
             "## Ranking of the levers left", "",
             f"By predicted gain at batch 1 with the headline draft's card acceptance "
@@ -487,8 +483,6 @@ def generated_docs(docs_dir: str | Path) -> dict[Path, str]:
 
 
 def write_images(img_dir: str | Path) -> list[Path]:
-    from vllm_kimi_ext.costmodel.plot import plot_latency, plot_levers, plot_validation
-
     img_dir = Path(img_dir)
     cm = CostModel.build(PCIE)
     h = headline()

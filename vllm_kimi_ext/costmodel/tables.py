@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from vllm_kimi_ext.costmodel.calibration import ERROR_BOUND, SPLITS
-from vllm_kimi_ext.costmodel.recommend import fmt_bytes
+from vllm_kimi_ext.costmodel.options import fmt_bytes
+from vllm_kimi_ext.costmodel.plot import series
 
 
 def format_table(rec, show_all: bool = False) -> str:
-    from vllm_kimi_ext.costmodel.plot import series
-
     base = {o.plan.backend: o for o in rec.options if not o.plan.speculative}
     head = (f"{'draft':22s} {'k':>2s} {'placement':16s} {'verifier':8s} {'backend':15s} "
             f"{'tau':>5s} {'tok/s':>7s} {'x no-spec':>9s} {'coll/tok':>8s} {'comm/tok':>9s} "

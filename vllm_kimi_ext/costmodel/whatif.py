@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from vllm_kimi_ext.costmodel.acceptance import Acceptance, AcceptanceBand
 from vllm_kimi_ext.costmodel.catalog import DraftProfile
+from vllm_kimi_ext.costmodel.latency import load_latency_table
 from vllm_kimi_ext.costmodel.model import CostModel, Plan, Variant
 from vllm_kimi_ext.costmodel.recommend import MAX_K, recommend
 
@@ -112,8 +113,6 @@ def _better_draft(delta: float) -> Evaluate:
 def _oneshot_on(table: str) -> Evaluate:
     """The one-shot kernel's gain on another measured box, applied to this baseline."""
     def ev(cm, base, acc):
-        from vllm_kimi_ext.costmodel.latency import load_latency_table
-
         other = cm.with_latency(load_latency_table(table))
         with_it = _best_k(other, base, acc, backend="custom_oneshot")
         without = _best_k(other, base, acc, backend="nccl")
