@@ -64,7 +64,7 @@ def test_base_table_keeps_unmeasured_backends(ar):
     base = load_raw("latency", "rtx-pro-6000-pcie-x8")
     table = ar.build_table([_partial()], base=base, base_name="rtx-pro-6000-pcie-x8")
     t = table_from_dict(table)
-    assert set(t.backends) == {"nccl", "custom_oneshot", "flashinfer_pcie_ipc"}
+    assert set(t.backends) == {"nccl", "custom_oneshot"}
     assert t.latency_us("allreduce", 14336, "nccl") == 30.0  # measured replaces
     assert table["backends"]["custom_oneshot"] == base["backends"]["custom_oneshot"]
     assert any("Carried over" in p for p in table["provenance"])

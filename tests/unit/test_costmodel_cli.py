@@ -1,4 +1,4 @@
-"""``vllm-kimi-ext plan``: smoke test, PNG and JSON outputs, clear errors."""
+"""``vllm-kimi-ext plan``: outputs, the validation report, and every bad argument refused."""
 
 from __future__ import annotations
 
@@ -11,56 +11,152 @@ from vllm_kimi_ext.cli import main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def run(args, capsys):
+    """(exit code, stdout, stderr); argparse's own refusals arrive as SystemExit."""
+    try:
+        rc = main(["plan", *args])
+    except SystemExit as exc:
+        rc = exc.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
 def test_plan_writes_png_and_json(tmp_path, capsys):
     png, js = tmp_path / "plot.png", tmp_path / "out.json"
-    rc = main(["plan", "--hardware", "rtx-pro-6000-pcie-x8", "--draft", "lightseek-eagle3",
-               "--batch", "1", "--out", str(png), "--json", str(js)])
+    rc, out, _ = run(["--draft", "lightseek-eagle3", "--out", str(png), "--json", str(js)],
+                     capsys)
     assert rc == 0
-    out = capsys.readouterr().out
-    for col in ("k", "placement", "tok/s", "x no-spec", "coll/tok", "comm/tok"):
+    for col in ("k", "placement", "tok/s", "x no-spec", "coll/tok", "Acceptance band",
+                "robust for lightseek-eagle3"):
         assert col in out
-    assert "Recommended:" in out and "(no speculation)" in out
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 5000
-    # IHDR: width and height are big-endian ints at bytes 16..24
-    assert int.from_bytes(data[16:20], "big") > 300 and int.from_bytes(data[20:24], "big") > 200
     doc = json.loads(js.read_text())
-    assert doc["recommended"]["draft"] == "lightseek-eagle3"
+    assert doc["recommended"]["draft"] == "lightseek-eagle3" and doc["recommended"]["buildable"]
     assert doc["rows"] and all(r["tokens_per_s"] > 0 for r in doc["rows"])
+
+
+@pytest.mark.parametrize("suffix,magic", [(".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_plot_format_follows_the_suffix(tmp_path, capsys, suffix, magic):
+    path = tmp_path / f"plan{suffix}"
+    assert run(["--draft", "lightseek-eagle3", "--out", str(path)], capsys)[0] == 0
+    assert path.read_bytes().startswith(magic)
+
+
+def test_validate_prints_every_point(capsys):
+    rc, out, _ = run(["--validate"], capsys)
+    assert rc == 0
+    assert "measured" in out and "predicted" in out and "error" in out
+    assert "k26-v6-mtp/B1/ctx0" in out and "validation:" in out and "calibration:" in out
+    assert "mechanism the model lacks" in out
 
 
 @pytest.mark.parametrize("flags", [["--tau", "2.9"], ["--acceptance", "0.7,0.5,0.4"]])
 def test_acceptance_overrides(flags, capsys):
-    rc = main(["plan", "--draft", "nvidia-eagle3", "--draft", "lightseek-eagle3", *flags])
-    assert rc == 0
-    out = capsys.readouterr().out
-    assert "nvidia-eagle3" in out
+    rc, out, _ = run(["--draft", "nvidia-eagle3", "--draft", "lightseek-eagle3", *flags], capsys)
+    assert rc == 0 and "nvidia-eagle3" in out
+
+
+def test_acceptance_from_an_e2e_run(tmp_path, capsys):
+    f = tmp_path / "results.json"
+    f.write_text(json.dumps({"schema": "vllm-kimi-ext/e2e-results/1", "runs": [
+        {"id": "eagle", "levels": [{"acceptance": {"per_position": [0.7, 0.45, 0.3],
+                                                   "num_drafts": 50}}]}]}))
+    rc, out, _ = run(["--draft", "lightseek-eagle3", "--acceptance-from", str(f)], capsys)
+    assert rc == 0 and "results.json: run eagle, 50 drafts" in out
+
+
+def test_a_measured_latency_table_replaces_the_shipped_one(tmp_path, capsys):
+    t = tmp_path / "mine.json"
+    t.write_text(json.dumps({"name": "mine", "backends": {"nccl": {"ops": {
+        "allreduce": [[1024, 5.0], [1 << 24, 200.0]]}}}}))
+    rc, out, _ = run(["--draft", "lightseek-eagle3", "--latency", str(t)], capsys)
+    assert rc == 0 and "latency table mine" in out
 
 
 def test_list(capsys):
-    assert main(["plan", "--list"]) == 0
-    out = capsys.readouterr().out
-    for name in ("rtx-pro-6000-pcie-x8", "h200-nvlink-x8", "kimi-k2.5", "lightseek-eagle3",
-                 "zlab-dflash", "modular-mtp"):
+    rc, out, _ = run(["--list"], capsys)
+    assert rc == 0
+    for name in ("rtx-pro-6000-pcie-x8", "kimi-k2.5", "lightseek-eagle3", "zlab-dflash",
+                 "qwen3-0.6b-tli", "rtx-pro-6000-pcie-switch-x8", "field figure"):
         assert name in out
 
 
-@pytest.mark.parametrize("flag,name,valid", [
-    ("--draft", "lightseek-eagel3", "lightseek-eagle3"),
-    ("--hardware", "rtx-6000-pcie", "rtx-pro-6000-pcie-x8"),
-    ("--model", "kimi-k3", "kimi-k2.5"),
+BAD = [  # (arguments, words the one-line message must contain)
+    (["--tau", "2.5", "--tau-k", "0"], "--tau-k must be within 1..15"),
+    (["--tau-k", "3"], "--tau-k needs --tau"),
+    (["--tau", "inf"], "--tau must be finite"),
+    (["--tau", "nan"], "--tau must be finite"),
+    (["--tau", "0.5"], "--tau must be >= 1"),
+    (["--tau", "9", "--tau-k", "3"], "impossible with 3 draft tokens"),
+    (["--routing-skew", "inf"], "--routing-skew must be finite"),
+    (["--routing-skew", "-1"], "--routing-skew must be >= 1"),
+    (["--batch", "0"], "--batch must be within"),
+    (["--batch", "two"], "--batch must be an integer"),
+    (["--context", "-5"], "--context must be within"),
+    (["--k-max", "9"], "--k-max must be within 1..7"),
+    (["--acceptance", "0.5,0.7"], "must not increase"),
+    (["--acceptance", "0.5,,0.2"], "comma-separated"),
+    (["--acceptance", "1.5"], "within [0, 1]"),
+    (["--acceptance", "nan"], "within [0, 1]"),
+    (["--dataset", "poetry"], "--dataset 'poetry'"),
+    (["--backend", "gloo"], "--backend 'gloo'"),
+    (["--draft", "lightseek-eagel3"], "valid: "),
+    (["--hardware", "rtx-6000-pcie"], "unknown hardware profile"),
+    (["--model", "kimi-k3"], "unknown model profile"),
+    (["--out", "plan.pdf.gif"], "suffix must be one of .png, .svg, .pdf"),
+    (["--json", "plan.txt"], "suffix must be one of .json"),
+    (["--acceptance-run", "x"], "--acceptance-run needs --acceptance-from"),
+]
+
+
+@pytest.mark.parametrize("args,words", BAD)
+def test_bad_argument_is_refused_in_one_line(args, words, capsys):
+    rc, out, err = run(["--draft", "lightseek-eagle3", *args] if "--draft" not in args
+                       else args, capsys)
+    assert rc == 2
+    assert words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+
+
+def test_output_under_a_file_is_refused(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for flag, name in (("--out", "p.png"), ("--json", "p.json")):
+        rc, _, err = run(["--draft", "lightseek-eagle3", flag, str(blocker / name)], capsys)
+        assert rc == 2 and "is a file, not a directory" in err
+    rc, _, err = run(["--draft", "lightseek-eagle3", "--out", str(tmp_path)], capsys)
+    assert rc == 2
+
+
+@pytest.mark.parametrize("content,words", [
+    ("{ not json", "not valid JSON (line 1"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"name": "x", "kind": "eagle3", "proposal": "autoregressive"}',
+     "field 'architecture' is missing"),
+    ('{"name": "x", "kind": "eagle3", "proposal": "autoregressive", '
+     '"architecture": {"vocab_size": -3}}', "'vocab_size' must be a positive"),
+    ('{"name": "x", "kind": "teleport", "proposal": "autoregressive"}', "field 'kind'"),
 ])
-def test_unknown_profile_lists_valid_names(flag, name, valid, capsys):
-    assert main(["plan", flag, name]) == 2
-    err = capsys.readouterr().err
-    assert "unknown" in err and repr(name) in err and valid in err and "valid:" in err
+def test_bad_profile_json_names_file_and_field(tmp_path, capsys, content, words):
+    bad = tmp_path / "draft.json"
+    bad.write_text(content)
+    rc, out, err = run(["--draft", str(bad), "--tau", "2.5"], capsys)
+    assert rc == 2 and str(bad) in err and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+
+
+def test_bad_hardware_profile_names_its_field(tmp_path, capsys):
+    from vllm_kimi_ext.costmodel.catalog import load_raw
+
+    doc = load_raw("hardware", "rtx-pro-6000-pcie-x8")
+    doc["memory_bandwidth_GBps"] = "fast"
+    bad = tmp_path / "hw.json"
+    bad.write_text(json.dumps(doc))
+    rc, _, err = run(["--hardware", str(bad)], capsys)
+    assert rc == 2 and "'memory_bandwidth_GBps' must be a positive number" in err
 
 
 def test_draft_without_acceptance_asks_for_it(capsys):
-    assert main(["plan", "--draft", "nvidia-eagle3"]) == 2
-    assert "--tau" in capsys.readouterr().err
-
-
-def test_unknown_backend(capsys):
-    assert main(["plan", "--draft", "lightseek-eagle3", "--backend", "gloo"]) == 2
-    assert "nccl" in capsys.readouterr().err
+    rc, _, err = run(["--draft", "nvidia-eagle3"], capsys)
+    assert rc == 2 and "--tau" in err

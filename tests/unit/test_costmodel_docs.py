@@ -5,30 +5,50 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from vllm_kimi_ext.costmodel.report import generated_docs, markdown_report, write_docs
+from vllm_kimi_ext.costmodel.report import (
+    IMG,
+    generated_docs,
+    main,
+    markdown_report,
+    write_docs,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+IMAGES = ("costmodel-validation.png", "costmodel-latency.png", "costmodel-levers.png")
 
 
 def test_committed_docs_are_up_to_date(tmp_path):
     # regenerate from a copy of the hand-written parts and compare with what is committed
     shutil.copy(DOCS / "cost-model.md", tmp_path / "cost-model.md")
-    write_docs(tmp_path)
+    write_docs(tmp_path, images=False)
     for name in ("what-to-run.md", "cost-model.md"):
         assert (tmp_path / name).read_text() == (DOCS / name).read_text(), (
             f"docs/{name} is stale: run python -m vllm_kimi_ext.costmodel.report "
             "--write-docs docs/")
-    assert set(p.name for p in generated_docs(DOCS)) == {"what-to-run.md", "cost-model.md"}
+    assert {p.name for p in generated_docs(DOCS)} == {"what-to-run.md", "cost-model.md"}
+    for name in IMAGES:  # written by --write-docs, linked from the docs
+        assert (DOCS / IMG / name).read_bytes().startswith(b"\x89PNG")
+        assert f"{IMG}/{name}" in (DOCS / "cost-model.md").read_text() + \
+            (DOCS / "what-to-run.md").read_text()
 
 
-def test_what_to_run_carries_the_caveat():
+def test_what_to_run_carries_the_caveat_and_the_ranking():
     text = (DOCS / "what-to-run.md").read_text()
     assert text.startswith("# What to run on 8x PCIe")
-    assert "This is a model until the real box confirms it" in text
+    assert "A model, not a measurement of your box" in text
+    assert text.index("## What-if") < text.index("## Ranking of the levers left")
+    assert "UNEXPLAINED" not in (DOCS / "cost-model.md").read_text()
+
+
+def test_check_docs_exit_codes(tmp_path):
+    shutil.copy(DOCS / "cost-model.md", tmp_path / "cost-model.md")
+    assert main(["--check-docs", str(tmp_path)]) == 1  # nothing generated yet
+    write_docs(tmp_path, images=False)
+    assert main(["--check-docs", str(tmp_path)]) == 0
 
 
 def test_markdown_report_for_the_bench_session(tmp_path):
     text = markdown_report(tmp_path, drafts=["lightseek-eagle3"], name="plan")
-    assert "**Recommendation**" in text and "![tokens/s" in text
+    assert "**Recommendation**" in text and "![tokens/s" in text and "**Headline**" in text
     assert (tmp_path / "plan.png").read_bytes().startswith(b"\x89PNG")
     assert (tmp_path / "plan.md").read_text() == text

@@ -5,17 +5,18 @@ anywhere. Entry points:
 
 - :class:`CostModel` / :class:`Plan` - one decode step's time, bytes and collectives;
 - :class:`Acceptance` - per-position rates, acceptance length and their conversions;
-- :func:`calibrate` - the two-parameter fit against published figures;
+- :func:`validate` - measured against predicted at every public calibration point;
 - :func:`recommend` - the configuration to run, with an explanation;
+- :func:`headline` - the one answer the README, docs/what-to-run.md and ``nox -s bench`` show;
 - ``vllm-kimi-ext plan`` (:mod:`.cli`) and :mod:`.report` for tables, plots and docs.
 """
 
-from vllm_kimi_ext.costmodel.acceptance import Acceptance, from_draft_profile
-from vllm_kimi_ext.costmodel.calibration import CalibrationResult, calibrate
+from vllm_kimi_ext.costmodel.acceptance import Acceptance, AcceptanceBand, from_draft_profile
 from vllm_kimi_ext.costmodel.catalog import (
     DraftProfile,
     HardwareProfile,
     ModelProfile,
+    ProfileError,
     UnknownProfileError,
     list_profiles,
     load_draft,
@@ -23,28 +24,47 @@ from vllm_kimi_ext.costmodel.catalog import (
     load_model,
 )
 from vllm_kimi_ext.costmodel.latency import LatencyTable, load_latency_table
-from vllm_kimi_ext.costmodel.model import CalibParams, CostModel, Plan, StepEstimate
-from vllm_kimi_ext.costmodel.recommend import Recommendation, recommend
+from vllm_kimi_ext.costmodel.model import CostModel, Plan, StepEstimate, Variant
+from vllm_kimi_ext.costmodel.params import CalibParams
+
+_LAZY = {  # modules that also run as ``python -m``: imported on first use
+    "ValidationReport": "vllm_kimi_ext.costmodel.calibration",
+    "validate": "vllm_kimi_ext.costmodel.calibration",
+    "headline": "vllm_kimi_ext.costmodel.headline",
+    "recommend": "vllm_kimi_ext.costmodel.recommend",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Acceptance",
+    "AcceptanceBand",
     "CalibParams",
-    "CalibrationResult",
     "CostModel",
     "DraftProfile",
     "HardwareProfile",
     "LatencyTable",
     "ModelProfile",
     "Plan",
-    "Recommendation",
+    "ProfileError",
     "StepEstimate",
     "UnknownProfileError",
-    "calibrate",
+    "ValidationReport",
+    "Variant",
     "from_draft_profile",
+    "headline",
     "list_profiles",
     "load_draft",
     "load_hardware",
     "load_latency_table",
     "load_model",
     "recommend",
+    "validate",
 ]

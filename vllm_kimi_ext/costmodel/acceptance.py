@@ -19,7 +19,10 @@ rate (a geometric tail); :attr:`Acceptance.measured_positions` says where data e
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 
 def tau_from_constant_rate(a: float, k: int) -> float:
@@ -138,8 +141,26 @@ class Acceptance:
         return Acceptance(tuple(a * factor for a in self.conditional), src)
 
 
+def from_spec(spec: dict[str, Any], source: str = "") -> Acceptance:
+    """From ``{"metric": ..., "k_ref": k, "values": v}`` (the shape of a draft card
+    entry, a field figure and a calibration run's acceptance)."""
+    metric, k_ref, value = spec.get("metric"), spec.get("k_ref"), spec.get("values",
+                                                                            spec.get("value"))
+    if metric == "per_position":
+        return Acceptance.from_per_position(value, source)
+    if not isinstance(k_ref, int) or k_ref < 1:
+        raise ValueError(f"acceptance k_ref must be an integer >= 1, got {k_ref!r}")
+    if metric == "acceptance_length":
+        return Acceptance.from_tau(float(value), k_ref, source)
+    if metric == "draft_acceptance_rate":
+        return Acceptance.from_draft_acceptance_rate(float(value), k_ref, source)
+    raise ValueError(f"unknown acceptance metric {metric!r} (expected per_position, "
+                     "acceptance_length or draft_acceptance_rate)")
+
+
 def from_draft_profile(acceptance: dict | None, dataset: str | None = None) -> Acceptance | None:
-    """The reported acceptance of a draft profile (``None`` when it publishes none)."""
+    """The reported (model-card) acceptance of a draft profile (``None`` when it publishes
+    none)."""
     if not acceptance:
         return None
     values = acceptance.get("values", {})
@@ -149,12 +170,136 @@ def from_draft_profile(acceptance: dict | None, dataset: str | None = None) -> A
     if ds not in values:
         raise KeyError(f"no reported acceptance for dataset {ds!r}; available: "
                        f"{', '.join(sorted(values))}")
-    value, k_ref, metric = values[ds], int(acceptance["k_ref"]), acceptance["metric"]
     source = f"{ds}: {acceptance.get('source', '')}".strip()
-    if metric == "acceptance_length":
-        return Acceptance.from_tau(float(value), k_ref, source)
-    if metric == "draft_acceptance_rate":
-        return Acceptance.from_draft_acceptance_rate(float(value), k_ref, source)
-    if metric == "per_position":
-        return Acceptance.from_per_position(value, source)
-    raise ValueError(f"unknown acceptance metric {metric!r}")
+    return from_spec({**acceptance, "values": values[ds]}, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# The acceptance band
+# ---------------------------------------------------------------------------------------------
+
+SCENARIOS = ("low", "card", "high")
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceBand:
+    """Low / card / high acceptance of one draft, each with where it comes from."""
+
+    low: Acceptance
+    card: Acceptance
+    high: Acceptance
+    card_is_assumed: bool = False  # no card figure: the middle of an assumed band
+
+    def scenarios(self) -> dict[str, Acceptance]:
+        return {"low": self.low, "card": self.card, "high": self.high}
+
+
+def field_figures(acceptance: dict | None) -> list[Acceptance]:
+    """Acceptance measured in public runs (``acceptance.field``), as Acceptance objects."""
+    out = []
+    for f in (acceptance or {}).get("field", []):
+        where = f.get("source", {})
+        label = f.get("label") or (f"{where.get('file', '?')}" if isinstance(where, dict)
+                                   else str(where))
+        out.append(from_spec(f, f"field: {label}"))
+    return out
+
+
+def field_to_card_ratio(drafts: list) -> float | None:
+    """The smallest (field tau - 1) / (card tau - 1) over drafts that publish both, at the
+    card's k: how much of a card's gain survived public runs. None without such a draft."""
+    ratios = []
+    for d in drafts:
+        card = from_draft_profile(d.acceptance)
+        k = int((d.acceptance or {}).get("k_ref", 3))
+        for f in field_figures(d.acceptance):
+            if card is not None and card.tau(k) > 1:
+                ratios.append((f.tau(k) - 1) / (card.tau(k) - 1))
+    return min(ratios) if ratios else None
+
+
+def band_for(draft, dataset: str | None = None, ratio: float | None = None
+             ) -> AcceptanceBand | None:
+    """The band of a draft: card (``dataset`` or the default), low = the lowest field figure,
+    else the card shrunk by ``ratio`` (see :func:`field_to_card_ratio`), high = the best of
+    the card's datasets and field figures. A draft without a card uses its
+    ``acceptance.assumed`` low/mid/high (acceptance lengths at ``k_ref``). None when neither
+    exists."""
+    acc = draft.acceptance or {}
+    k = int(acc.get("k_ref", 3))
+    card = from_draft_profile(acc, dataset if dataset in draft.datasets() else None)
+    fields = field_figures(acc)
+    if card is None:
+        assumed = acc.get("assumed")
+        if not assumed:
+            return None
+        why = assumed.get("source", "no published figure")
+        low, mid, high = (Acceptance.from_tau(float(assumed[key]), k, f"assumed {key}: {why}")
+                          for key in ("low", "mid", "high"))
+        return AcceptanceBand(low, mid, high, card_is_assumed=True)
+    candidates_high = [from_draft_profile(acc, ds) for ds in draft.datasets()] + fields
+    high = max(candidates_high, key=lambda a: a.tau(k))
+    if fields:
+        low = min(fields, key=lambda a: a.tau(k))
+    elif ratio is not None:
+        t = 1 + (card.tau(k) - 1) * ratio
+        low = Acceptance.from_tau(t, k, f"card x field/card ratio {ratio:.2f} (no field figure)")
+    else:
+        low = card
+    if low.tau(k) > card.tau(k):
+        low = card
+    return AcceptanceBand(low, card, high)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-position acceptance from an e2e run (bench/e2e/runner.py results.json)
+# ---------------------------------------------------------------------------------------------
+
+E2E_SCHEMA = "vllm-kimi-ext/e2e-results/1"
+
+
+def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]:
+    """Pooled per-position acceptance of a speculative run of the e2e runner's
+    ``results.json`` (levels weighted by their number of drafts), and the run's id.
+    ``ValueError`` names the file and the field on anything unusable."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != E2E_SCHEMA:
+        raise ValueError(f"{path}: field 'schema' must be {E2E_SCHEMA!r} (a results.json "
+                         "written by bench/e2e/runner.py)")
+    runs = [r for r in doc.get("runs") or [] if isinstance(r, dict) and any(
+        isinstance(lv, dict) and (lv.get("acceptance") or {}).get("per_position")
+        for lv in r.get("levels") or [])]
+    if run_id is not None:
+        runs = [r for r in runs if r.get("id") == run_id]
+    if not runs:
+        raise ValueError(f"{path}: field 'runs': no speculative run with per-position "
+                         "acceptance" + (f" and id {run_id!r}" if run_id else ""))
+    if len(runs) > 1:
+        raise ValueError(f"{path}: field 'runs': {len(runs)} speculative runs; pick one with "
+                         f"--acceptance-run ({', '.join(str(r.get('id')) for r in runs)})")
+    run = runs[0]
+    sums: list[float] = []
+    drafts = 0
+    for lv in run["levels"]:
+        acc = (lv or {}).get("acceptance") or {}
+        per, n = acc.get("per_position") or [], acc.get("num_drafts") or 0
+        if not per or not n:
+            continue
+        if any(not isinstance(r, (int, float)) or not 0 <= r <= 1 for r in per):
+            raise ValueError(f"{path}: field 'runs[{run.get('id')}].levels.acceptance."
+                             "per_position' must hold rates within [0, 1]")
+        sums += [0.0] * (len(per) - len(sums))
+        for i, r in enumerate(per):
+            sums[i] += r * n
+        drafts += n
+    if not drafts:
+        raise ValueError(f"{path}: field 'runs[{run.get('id')}].levels': no drafts counted")
+    rates = [x / drafts for x in sums]
+    return (Acceptance.from_per_position(rates, f"{path.name}: run {run.get('id')}, "
+                                         f"{drafts} drafts"), str(run.get("id")))

@@ -1,269 +1,309 @@
-"""Calibration of the cost model against published no-speculation figures.
+"""Calibration of the cost model on public measurements, and its held-out validation.
 
-Two free parameters, nothing else is tuned:
+The hardware profile lists every measured run it is calibrated on (``calibration.runs``),
+each with its source (``calibration.sources``: repository, file, commit, date, topology)
+and, per point, whether it is used for the fit (``split: calibration``) or held out
+(``split: validation``). A point is one published throughput: batch, context, all-reduce
+backend, KV-cache dtype and, for speculative runs, the draft, ``k`` and the run's measured
+acceptance - so the fit never uses a model card's acceptance.
 
-* ``bandwidth_efficiency`` (eta): the fraction of peak memory bandwidth the decode kernels
-  achieve while streaming weights and KV;
-* ``collective_overhead_us`` (delta): time added to every collective in situ on top of the
-  idle-system latency table (rank skew - a collective waits for its slowest rank - and its
-  own launch).
+:func:`fit` finds the free parameters (:mod:`.params`) minimising the squared log error of
+tokens/s over the calibration points (``scipy.optimize.least_squares`` within
+:data:`~.params.BOUNDS`; scipy is needed only to fit). The result is committed in the
+hardware profile as ``calibration.fitted``; the cost model reads it from there, and a test
+refits and compares, so the committed numbers cannot drift from the data.
 
-They are fitted by least squares on relative step-time errors. Observables come from the
-hardware profile's ``published`` list: each figure's tokens/s (step time ``1/tps`` at batch 1,
-no speculation, with that figure's all-reduce backend), plus, for a profiled figure, the
-time its all-reduces take. At batch 1 the step time is linear in ``(1/eta, delta)``, so the
-bounded two-parameter least squares below (unconstrained solution, else the best point on
-the boundary) is exact.
-
-The profiled figure states its all-reduce time twice, inconsistently: as a share of the
-step (51.5 % of 1/82 s = 6.3 ms) and as calls x latency (127 x 78 us = 9.9 ms). The
-hypotheses :data:`HYPOTHESES` pick one; :func:`hypothesis_report` shows what each implies.
-We trust the share: the per-call figure leaves 2.3 ms for everything else, less than the
-time needed to stream one token's weights even at 100 % of peak bandwidth.
+``python -m vllm_kimi_ext.costmodel.calibration --update-profile`` refits and rewrites
+``calibration.fitted`` of the shipped profile; ``--check`` exits 1 when it is stale.
+``vllm-kimi-ext plan --validate`` prints every point: measured, predicted, error.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import itertools
+import json
+import math
+import sys
+from importlib import resources
 from typing import Any
 
-from vllm_kimi_ext.costmodel.catalog import PublishedFigure
-from vllm_kimi_ext.costmodel.model import CalibParams, CostModel
+from vllm_kimi_ext.costmodel.acceptance import Acceptance, from_spec
+from vllm_kimi_ext.costmodel.catalog import (
+    HardwareProfile,
+    ProfileError,
+    load_draft,
+    load_hardware,
+    require,
+)
+from vllm_kimi_ext.costmodel.model import CostModel, Plan, prior_params
+from vllm_kimi_ext.costmodel.params import BOUNDS, FITTED, CalibParams
 
-#: Which statement of the profiled all-reduce time is trusted.
-HYPOTHESES = {
-    "share": "all-reduce time = reported share x step time (51.5 % of 1/82 s)",
-    "per_call": "all-reduce time = reported calls x per-call latency (127 x 78 us)",
-}
-DEFAULT_HYPOTHESIS = "share"
-
-#: Acceptance bounds on the calibration error, checked by the tests. In-sample: the two
-#: vLLM+NCCL figures (82 and 90 tok/s) describe the same configuration, so no model with
-#: one set of parameters can be closer than ~+-4.7 % to both; 10 % leaves room for the
-#: SGLang figure (a different engine). Leave-one-out: predicting a figure from the others
-#: with two parameters fitted to (at most) three numbers; 20 %.
-IN_SAMPLE_BOUND = 0.10
-LEAVE_ONE_OUT_BOUND = 0.20
+SPLITS = ("calibration", "validation")
+#: Error within which a point counts as reproduced; a point beyond it must name the
+#: mechanism the model lacks (``model_lacks`` of its run).
+ERROR_BOUND = 0.10
+#: Parameters fitted by default: all but the kernel gap, which at every measured point
+#: trades off one for one against the bandwidth fraction and the fixed overheads.
+FIT_DEFAULT = tuple(n for n in FITTED if n != "kernel_gap_us")
+PROFILE = "rtx-pro-6000-pcie-x8"
 
 
 @dataclasses.dataclass(frozen=True)
-class Observable:
-    figure: PublishedFigure
-    quantity: str  # "step_time" | "allreduce_time"
-    observed_s: float
+class CalibrationPoint:
+    id: str
+    run: str
+    split: str
+    source_id: str
+    source: dict[str, Any]
+    where: str
+    engine: str
+    backend: str
+    kv_cache_dtype_bytes: float
+    draft: str | None
+    k: int
+    acceptance: Acceptance | None
+    batch: int
+    context: int
+    tokens_per_s: float
+    model_lacks: str = ""
+    allreduce_policy: dict[str, Any] | None = None  # the run's custom all-reduce cutoffs
 
     @property
     def label(self) -> str:
-        f = self.figure
-        if self.quantity == "step_time":
-            return f"{f.tokens_per_s:g} tok/s ({f.engine}, {f.backend})"
-        return f"all-reduce time of the {f.tokens_per_s:g} tok/s profile"
+        spec = f"{self.draft} k={self.k}" if self.k else "no spec"
+        return f"{self.run}: {spec}, B={self.batch}, ctx={self.context}, {self.backend}"
 
 
-def observables(cm: CostModel, hypothesis: str = DEFAULT_HYPOTHESIS) -> list[Observable]:
-    if hypothesis not in HYPOTHESES:
-        raise ValueError(f"hypothesis must be one of {list(HYPOTHESES)}")
+def _run_points(run: dict[str, Any], where: str, sources: dict[str, Any]
+                ) -> list[CalibrationPoint]:
+    rid = require(run, "id", str, where)
+    where = f"{where}[{rid}]"
+    sid = require(run, "source", str, where, "a key of calibration.sources")
+    if sid not in sources:
+        raise ProfileError(f"{where}: field 'source' names {sid!r}, not in calibration.sources")
+    k = require(run, "k", int, where, "an integer >= 0")
+    draft = run.get("draft")
+    acc = None
+    if k:
+        if not isinstance(draft, str):
+            raise ProfileError(f"{where}: field 'draft' must name a draft profile when k > 0")
+        load_draft(draft)  # fails with the draft file's own message
+        try:
+            acc = from_spec(require(run, "acceptance", dict, where, "an acceptance object"),
+                            f"{rid} (measured)")
+        except ValueError as exc:
+            raise ProfileError(f"{where}: field 'acceptance': {exc}") from None
     out = []
-    for f in cm.hw.published:
-        out.append(Observable(f, "step_time", f.step_s))
-        if hypothesis == "share" and f.allreduce_share is not None:
-            out.append(Observable(f, "allreduce_time", f.allreduce_share * f.step_s))
-        elif hypothesis == "per_call" and f.allreduce_call_us and f.allreduce_calls_per_step:
-            out.append(Observable(f, "allreduce_time",
-                                  f.allreduce_calls_per_step * f.allreduce_call_us * 1e-6))
+    for i, p in enumerate(require(run, "points", list, where, "a list of points")):
+        pw = f"{where}: field 'points[{i}]'"
+        if not isinstance(p, dict):
+            raise ProfileError(f"{pw} must be an object")
+        split = p.get("split")
+        if split not in SPLITS:
+            raise ProfileError(f"{pw}: field 'split' must be one of {', '.join(SPLITS)}, "
+                               f"got {split!r}")
+        b = require(p, "batch", int, pw, positive=True)
+        ctx = require(p, "context", int, pw, "an integer >= 0")
+        if ctx < 0:
+            raise ProfileError(f"{pw}: field 'context' must be >= 0, got {ctx}")
+        tps = require(p, "tokens_per_s", (int, float), pw, positive=True)
+        out.append(CalibrationPoint(
+            id=f"{rid}/B{b}/ctx{ctx}", run=rid, split=split, source_id=sid,
+            source=sources[sid], where=run.get("where", ""), engine=run.get("engine", ""),
+            backend=require(run, "backend", str, where),
+            kv_cache_dtype_bytes=require(run, "kv_cache_dtype_bytes", (int, float), where,
+                                         positive=True),
+            draft=draft if k else None, k=k, acceptance=acc, batch=b, context=ctx,
+            tokens_per_s=float(tps), model_lacks=run.get("model_lacks", ""),
+            allreduce_policy=run.get("allreduce_policy")))
     return out
 
 
-def predict(cm: CostModel, obs: Observable) -> float:
-    est = cm.no_spec(batch=1, context=cm.hw.calibration_context, backend=obs.figure.backend)
-    return est.step_s if obs.quantity == "step_time" else est.allreduce_time_s
+def load_points(hw: HardwareProfile) -> list[CalibrationPoint]:
+    """Every calibration and validation point of a hardware profile, validated."""
+    where = f"hardware profile {hw.name!r}: field 'calibration.runs'"
+    sources = hw.calibration.get("sources", {})
+    out: list[CalibrationPoint] = []
+    for run in hw.calibration.get("runs", []):
+        if not isinstance(run, dict):
+            raise ProfileError(f"{where}: every run must be an object")
+        out += _run_points(run, where, sources)
+    ids = [p.id for p in out]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ProfileError(f"{where}: point {dup!r} appears twice")
+    return out
 
 
-def _cost(cm: CostModel, obs: list[Observable], x: tuple[float, float]) -> float:
-    m = cm.with_params(CalibParams(1.0 / x[0], x[1]))
-    return sum((predict(m, o) / o.observed_s - 1.0) ** 2 for o in obs)
+class _Predictor:
+    """Caches the per-point plan pieces so a fit re-evaluates only the arithmetic."""
+
+    def __init__(self, cm: CostModel):
+        self.cm = cm
+        self._drafts: dict[str, Any] = {}
+
+    def model_for(self, cm: CostModel, p: CalibrationPoint) -> CostModel:
+        if p.allreduce_policy:
+            pol = p.allreduce_policy
+            cm = cm.with_latency(cm.latency.with_policy(
+                p.backend, pol.get("max_bytes"), bool(pol.get("auto_crossover", False))))
+        if cm.model.kv_cache_dtype_bytes == p.kv_cache_dtype_bytes:
+            return cm
+        return cm.with_model(dataclasses.replace(cm.model,
+                                                 kv_cache_dtype_bytes=p.kv_cache_dtype_bytes))
+
+    def __call__(self, params: CalibParams, p: CalibrationPoint) -> float:
+        cm = self.model_for(self.cm.with_params(params), p)
+        draft = None
+        if p.draft:
+            draft = self._drafts.setdefault(p.draft, load_draft(p.draft))
+        plan = Plan(k=p.k, draft=draft, batch=p.batch, context=p.context, backend=p.backend)
+        return cm.estimate(plan, p.acceptance).tokens_per_s
 
 
-def _solve(cm: CostModel, obs: list[Observable], fixed: dict[int, float],
-           start: tuple[float, float]) -> tuple[float, float]:
-    """Gauss-Newton on x = (1/eta, delta) with some coordinates held fixed."""
-    x = list(start)
-    for i, v in fixed.items():
-        x[i] = v
-    free = [i for i in (0, 1) if i not in fixed]
-    if not free:
-        return tuple(x)  # type: ignore[return-value]
-    steps = (1e-3, 1e-1)
-    for _ in range(4):  # linear in x at batch 1: converges in one step, the rest verify
-        r0, jac = [], []
-        base = cm.with_params(CalibParams(1.0 / x[0], x[1]))
-        for o in obs:
-            r0.append(predict(base, o) / o.observed_s - 1.0)
-        for i in free:
-            xp = list(x)
-            xp[i] += steps[i]
-            mp = cm.with_params(CalibParams(1.0 / xp[0], xp[1]))
-            jac.append([(predict(mp, o) / o.observed_s - 1.0 - r) / steps[i]
-                        for o, r in zip(obs, r0)])
-        # normal equations (1 or 2 unknowns)
-        if len(free) == 1:
-            j = jac[0]
-            denom = sum(v * v for v in j)
-            if denom == 0:
-                break
-            x[free[0]] -= sum(a * b for a, b in zip(j, r0)) / denom
-            x[0] = max(x[0], 1e-3)
-            continue
-        else:
-            a11 = sum(v * v for v in jac[0])
-            a22 = sum(v * v for v in jac[1])
-            a12 = sum(u * v for u, v in zip(jac[0], jac[1]))
-            b1 = sum(u * r for u, r in zip(jac[0], r0))
-            b2 = sum(v * r for v, r in zip(jac[1], r0))
-            det = a11 * a22 - a12 * a12
-            if abs(det) <= 1e-9 * a11 * a22:
-                # Unidentifiable: every observation adds the same constant per unit of either
-                # parameter (step times at batch 1 without an all-reduce share). Keep delta
-                # where it started (the prior) and fit eta alone.
-                return _solve(cm, obs, {1: start[1]}, start)
-            x[0] -= (a22 * b1 - a12 * b2) / det
-            x[1] -= (a11 * b2 - a12 * b1) / det
-        x[0] = max(x[0], 1e-3)
-    return tuple(x)  # type: ignore[return-value]
+def predict(cm: CostModel, point: CalibrationPoint) -> float:
+    """The model's aggregate tokens/s at a point, with ``cm``'s parameters."""
+    return _Predictor(cm)(cm.params, point)
 
 
-def fit(cm: CostModel, obs: list[Observable], bounds: dict[str, tuple[float, float]] | None = None
-        ) -> CalibParams:
-    """Least-squares (1/eta, delta) within bounds; exact for the batch-1 linear problem."""
-    b = bounds or cm.hw.calibration.get("bounds", {})
-    eta_lo, eta_hi = b.get("bandwidth_efficiency", (0.2, 1.0))
-    d_lo, d_hi = b.get("collective_overhead_us", (0.0, 200.0))
-    lo, hi = (1.0 / eta_hi, d_lo), (1.0 / eta_lo, d_hi)
-    start = (1.0 / cm.params.bandwidth_efficiency, cm.params.collective_overhead_us)
+def fit(cm: CostModel, points: list[CalibrationPoint], names: tuple[str, ...] = FIT_DEFAULT,
+        start: CalibParams | None = None) -> CalibParams:
+    """Least squares on log(predicted / measured) over ``points``, varying ``names`` within
+    :data:`BOUNDS` (the others stay at ``start``, default the box's priors)."""
+    from scipy.optimize import least_squares  # only fitting needs scipy
 
-    def inside(x):
-        return all(lo[i] - 1e-9 <= x[i] <= hi[i] + 1e-9 for i in (0, 1))
+    start = start or prior_params(cm.hw)
+    base = start.to_dict()
+    lo = [BOUNDS[n][0] for n in names]
+    hi = [BOUNDS[n][1] for n in names]
+    x0 = [min(max(base[n], a), b) for n, a, b in zip(names, lo, hi)]
+    pred = _Predictor(cm)
 
-    def clamp(x):
-        return tuple(min(max(x[i], lo[i]), hi[i]) for i in (0, 1))
+    def params_of(x) -> CalibParams:
+        return CalibParams(**{**base, **dict(zip(names, (float(v) for v in x)))})
 
-    candidates = []
-    x = _solve(cm, obs, {}, start)
-    if inside(x):
-        candidates.append(x)
-    else:
-        for i, edge in itertools.product((0, 1), (0, 1)):
-            bound = (lo, hi)[edge][i]
-            candidates.append(clamp(_solve(cm, obs, {i: bound}, start)))
-        candidates.extend(itertools.product((lo[0], hi[0]), (lo[1], hi[1])))
-    best = min(candidates, key=lambda c: _cost(cm, obs, c))
-    return CalibParams(1.0 / best[0], best[1], calibrated=True,
-                       note=f"fitted to {len({o.figure.id for o in obs})} published figures")
+    def residuals(x):
+        q = params_of(x)
+        return [math.log(pred(q, p) / p.tokens_per_s) for p in points]
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", xtol=1e-10,
+                        ftol=1e-10, gtol=1e-10, max_nfev=2000)
+    best = params_of(res.x)
+    return dataclasses.replace(best, calibrated=True,
+                               note=f"fitted on {len(points)} calibration points")
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    label: str
-    quantity: str
-    observed: float  # tok/s for step_time rows, ms for all-reduce rows
-    fitted: float
-    error: float  # relative, fitted vs observed
-    loo: float | None  # leave-one-figure-out prediction
-    loo_error: float | None
+    point: CalibrationPoint
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.point.tokens_per_s - 1.0
+
+    @property
+    def within_bound(self) -> bool:
+        return abs(self.error) <= ERROR_BOUND
 
 
 @dataclasses.dataclass(frozen=True)
-class CalibrationResult:
+class ValidationReport:
     hardware: str
-    hypothesis: str
     params: CalibParams
     rows: tuple[Row, ...]
-    loo_params: dict[str, CalibParams]
+
+    def split(self, name: str) -> list[Row]:
+        return [r for r in self.rows if r.point.split == name]
+
+    def max_error(self, split: str | None = None) -> float:
+        rows = self.rows if split is None else self.split(split)
+        return max((abs(r.error) for r in rows), default=0.0)
+
+    def mean_abs_error(self, split: str) -> float:
+        rows = self.split(split)
+        return sum(abs(r.error) for r in rows) / len(rows) if rows else 0.0
 
     @property
-    def max_in_sample_error(self) -> float:
-        return max((abs(r.error) for r in self.rows), default=0.0)
+    def misses(self) -> list[Row]:
+        return [r for r in self.rows if not r.within_bound]
 
     @property
-    def max_loo_error(self) -> float:
-        return max((abs(r.loo_error) for r in self.rows if r.loo_error is not None), default=0.0)
+    def unexplained_misses(self) -> list[Row]:
+        return [r for r in self.misses if not r.point.model_lacks]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "hardware": self.hardware,
-            "hypothesis": self.hypothesis,
-            "params": dataclasses.asdict(self.params),
-            "rows": [dataclasses.asdict(r) for r in self.rows],
-            "max_in_sample_error": self.max_in_sample_error,
-            "max_loo_error": self.max_loo_error,
+            "params": self.params.to_dict(),
+            "error_bound": ERROR_BOUND,
+            "rows": [{"id": r.point.id, "split": r.point.split,
+                      "measured_tokens_per_s": r.point.tokens_per_s,
+                      "predicted_tokens_per_s": r.predicted, "error": r.error,
+                      "source": r.point.source_id, "model_lacks": r.point.model_lacks or None}
+                     for r in self.rows],
+            "max_error": {s: self.max_error(s) for s in SPLITS},
+            "mean_abs_error": {s: self.mean_abs_error(s) for s in SPLITS},
         }
 
 
-def _display(o: Observable, seconds: float) -> float:
-    return 1.0 / seconds if o.quantity == "step_time" else seconds * 1e3
+def validate(cm: CostModel, points: list[CalibrationPoint] | None = None) -> ValidationReport:
+    """Measured against predicted at every point, with ``cm``'s (committed) parameters."""
+    points = load_points(cm.hw) if points is None else points
+    pred = _Predictor(cm)
+    rows = tuple(Row(p, pred(cm.params, p)) for p in points)
+    return ValidationReport(cm.hw.name, cm.params, rows)
 
 
-def calibrate(cm: CostModel, hypothesis: str = DEFAULT_HYPOTHESIS) -> CalibrationResult:
-    """Fit on all published figures of the box and cross-validate leaving one figure out.
-    A box without published figures keeps its priors (``calibrated=False``)."""
-    obs = observables(cm, hypothesis)
-    if not obs:
-        return CalibrationResult(cm.hw.name, hypothesis, cm.params, (), {})
-    params = fit(cm, obs)
-    fitted = cm.with_params(params)
-    figure_ids = sorted({o.figure.id for o in obs})
-    loo_params: dict[str, CalibParams] = {}
-    loo_pred: dict[int, float] = {}
-    if len(figure_ids) > 1:
-        for fid in figure_ids:
-            train = [o for o in obs if o.figure.id != fid]
-            p = fit(cm, train)
-            loo_params[fid] = p
-            held = cm.with_params(p)
-            for i, o in enumerate(obs):
-                if o.figure.id == fid:
-                    loo_pred[i] = predict(held, o)
-    rows = []
-    for i, o in enumerate(obs):
-        obs_v = _display(o, o.observed_s)
-        fit_v = _display(o, predict(fitted, o))
-        loo_v = _display(o, loo_pred[i]) if i in loo_pred else None
-        rows.append(Row(o.label, o.quantity, obs_v, fit_v, fit_v / obs_v - 1.0, loo_v,
-                        None if loo_v is None else loo_v / obs_v - 1.0))
-    return CalibrationResult(cm.hw.name, hypothesis, params, tuple(rows), loo_params)
+def refit(hardware: str | HardwareProfile = PROFILE) -> CalibParams:
+    """Fit the box's calibration points from its priors (what ``--update-profile`` commits)."""
+    cm = CostModel.build(hardware, params="prior")
+    pts = [p for p in load_points(cm.hw) if p.split == "calibration"]
+    if not pts:
+        raise ProfileError(f"hardware profile {cm.hw.name!r} has no calibration points")
+    return fit(cm, pts)
 
 
-def hypothesis_report(cm: CostModel) -> list[dict[str, Any]]:
-    """What each reading of the profiled all-reduce time implies for the rest of the step."""
-    out = []
-    for f in cm.hw.published:
-        if f.allreduce_share is None or not f.allreduce_call_us:
-            continue
-        floor_model = cm.with_params(CalibParams(1.0, 0.0))
-        est = floor_model.no_spec(batch=1, context=cm.hw.calibration_context, backend=f.backend)
-        weights_kv = est.total("hbm_bytes", "target")
-        stream_floor_s = weights_kv / (cm.hw.memory_bandwidth_GBps * 1e9)
-        table_us = cm.latency.latency_us(
-            "allreduce", cm.model.hidden_size * cm.model.dtype_bytes, f.backend)
-        for hyp in HYPOTHESES:
-            ar_s = (f.allreduce_share * f.step_s if hyp == "share"
-                    else f.allreduce_calls_per_step * f.allreduce_call_us * 1e-6)
-            rest_s = f.step_s - ar_s
-            per_call_us = ar_s / f.allreduce_calls_per_step * 1e6
-            implied_bw = weights_kv / rest_s if rest_s > 0 else float("inf")
-            out.append({
-                "figure": f.id,
-                "hypothesis": hyp,
-                "statement": HYPOTHESES[hyp],
-                "allreduce_ms": ar_s * 1e3,
-                "rest_of_step_ms": rest_s * 1e3,
-                "weight_stream_floor_ms": stream_floor_s * 1e3,
-                "implied_bandwidth_TBps_if_rest_were_only_streaming": implied_bw / 1e12,
-                "peak_bandwidth_TBps": cm.hw.memory_bandwidth_GBps / 1e3,
-                "implied_per_call_us": per_call_us,
-                "table_latency_us_at_batch1": table_us,
-                "implied_in_situ_overhead_us": per_call_us - table_us,
-                "physically_possible": rest_s > stream_floor_s,
-            })
-    return out
+def fitted_block(params: CalibParams, n_points: int) -> dict[str, Any]:
+    return {**{n: round(v, 6) for n, v in params.to_dict().items()},
+            "note": f"least squares on log(tokens/s) over {n_points} calibration points",
+            "tool": "python -m vllm_kimi_ext.costmodel.calibration --update-profile"}
+
+
+def _profile_path():
+    return resources.files("vllm_kimi_ext.costmodel").joinpath("profiles", "hardware",
+                                                               f"{PROFILE}.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vllm_kimi_ext.costmodel.calibration",
+                                 description="Refit the shipped PCIe profile's parameters.")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--update-profile", action="store_true",
+                   help=f"refit and rewrite calibration.fitted of profiles/hardware/{PROFILE}.json")
+    g.add_argument("--check", action="store_true",
+                   help="exit 1 when the committed fit differs from a refit")
+    args = ap.parse_args(argv)
+    hw = load_hardware(PROFILE)
+    n = sum(1 for p in load_points(hw) if p.split == "calibration")
+    block = fitted_block(refit(hw), n)
+    committed = hw.calibration.get("fitted") or {}
+    if args.check:
+        stale = any(not math.isclose(committed.get(k, math.nan), block[k], rel_tol=1e-3,
+                                     abs_tol=1e-3) for k in FITTED)
+        if stale:
+            print(f"stale: calibration.fitted of {PROFILE} (run python -m "
+                  "vllm_kimi_ext.costmodel.calibration --update-profile)", file=sys.stderr)
+        return 1 if stale else 0
+    path = _profile_path()
+    doc = json.loads(path.read_text())
+    doc["calibration"]["fitted"] = block
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote calibration.fitted of {path.name}: "
+          + ", ".join(f"{k}={block[k]:g}" for k in FITTED))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,23 +3,34 @@
 Profiles are JSON files shipped as package data under ``costmodel/profiles/``:
 
 - ``models/<name>.json``     target architecture (dimensions, quantisation, counts)
-- ``hardware/<name>.json``   one box: bandwidth, capacity, backends, published figures
-- ``latency/<name>.json``    collective latency tables per backend (see :mod:`.latency`)
-- ``drafts/<name>.json``     public drafts: architecture, placement options, acceptance
+- ``hardware/<name>.json``   one box: bandwidth, capacity, backends, calibration points
+                             with their sources and the fitted parameters
+- ``latency/<name>.json``    measured collective latency tables (see :mod:`.latency`)
+- ``drafts/<name>.json``     drafts: architecture, placement options, acceptance (the
+                             card figure and, where public logs exist, field figures)
 
 Names are the file stems. ``load_*`` also accept a path to a JSON file so that a
-measured profile can be tried without editing the package.
+measured profile can be tried without editing the package. Every problem with a profile
+raises :class:`ProfileError` with one line naming the file, the field and what was expected.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 KINDS = ("models", "hardware", "latency", "drafts")
+_SINGULAR = {"models": "model", "hardware": "hardware", "latency": "latency table",
+             "drafts": "draft"}
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file and the field."""
 
 
 class UnknownProfileError(KeyError, ValueError):
@@ -29,10 +40,8 @@ class UnknownProfileError(KeyError, ValueError):
         self.kind = kind
         self.name = name
         self.valid = valid
-        singular = {"models": "model", "hardware": "hardware", "latency": "latency table",
-                    "drafts": "draft"}[kind]
         super().__init__(
-            f"unknown {singular} profile {name!r}; valid: {', '.join(valid) or '(none)'}"
+            f"unknown {_SINGULAR[kind]} profile {name!r}; valid: {', '.join(valid) or '(none)'}"
         )
 
     def __str__(self) -> str:  # KeyError would repr() the message
@@ -51,20 +60,89 @@ def list_profiles(kind: str) -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
-def load_raw(kind: str, name_or_path: str | Path) -> dict[str, Any]:
-    """The parsed JSON of a profile given its name or a path to a JSON file."""
+def _parse(text: str, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
+                           f"{exc.msg})") from None
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{where}: expected a JSON object at the top level, "
+                           f"got {type(doc).__name__}")
+    return doc
+
+
+def load_raw(kind: str, name_or_path: str | Path, with_location: bool = False):
+    """The parsed JSON of a profile given its name or a path to a JSON file (and, with
+    ``with_location``, the file name used in error messages)."""
     text = str(name_or_path)
-    if text.endswith(".json") and Path(text).is_file():
-        return json.loads(Path(text).read_text())
-    valid = list_profiles(kind)
-    if text not in valid:
-        raise UnknownProfileError(kind, text, valid)
-    return json.loads(_profile_dir(kind).joinpath(text + ".json").read_text())
+    if text.endswith(".json") or "/" in text or "\\" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ProfileError(f"{path}: no such {_SINGULAR[kind]} profile file")
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+        where = str(path)
+    else:
+        valid = list_profiles(kind)
+        if text not in valid:
+            raise UnknownProfileError(kind, text, valid)
+        where = f"profiles/{kind}/{text}.json"
+        raw = _profile_dir(kind).joinpath(text + ".json").read_text(encoding="utf-8")
+    doc = _parse(raw, where)
+    return (doc, where) if with_location else doc
+
+
+def require(doc: dict[str, Any], field: str, kind: type | tuple, where: str,
+            expected: str | None = None, positive: bool = False) -> Any:
+    """``doc[field]`` checked against ``kind`` (and > 0 with ``positive``), else ProfileError."""
+    if field not in doc:
+        raise ProfileError(f"{where}: field {field!r} is missing"
+                           + (f" (expected {expected})" if expected else ""))
+    v = doc[field]
+    numeric = kind in (int, float) or kind == (int, float)
+    ok = isinstance(v, kind) and not (numeric and isinstance(v, bool))
+    if ok and numeric:
+        ok = math.isfinite(float(v)) and (not positive or v > 0)
+    if not ok:
+        want = expected or (("a positive " if positive else "a ") + (
+            "number" if numeric else getattr(kind, "__name__", str(kind))))
+        raise ProfileError(f"{where}: field {field!r} must be {want}, got {v!r}")
+    return v
 
 
 # ---------------------------------------------------------------------------------------------
 # Target model
 # ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def expert_probabilities(n_experts: int, top_k: int, popularity: float) -> tuple[float, ...]:
+    """Probability that one token routes to each expert, Zipf-shaped: weights
+    ``(rank + 1)^-popularity`` scaled to sum to ``top_k`` (each token picks ``top_k``
+    experts), none above 1. ``popularity`` 0 is uniform routing."""
+    if popularity < 0:
+        raise ValueError("popularity must be >= 0")
+    w = [(i + 1) ** -popularity for i in range(n_experts)]
+    p = [0.0] * n_experts
+    fixed, budget = set(), float(top_k)
+    while True:  # water-filling: cap at 1 and spread the rest over the others
+        free = sum(w[i] for i in range(n_experts) if i not in fixed)
+        capped = False
+        for i in range(n_experts):
+            if i not in fixed:
+                p[i] = budget * w[i] / free
+                if p[i] > 1.0:
+                    fixed.add(i)
+                    capped = True
+        if not capped:
+            break
+        for i in fixed:
+            p[i] = 1.0
+        budget = top_k - len(fixed)
+    return tuple(p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +212,16 @@ class ModelProfile:
     def lm_head_params(self, vocab: int | None = None) -> float:
         return float((vocab or self.vocab_size) * self.hidden_size)
 
-    def expected_distinct_experts(self, n_tokens: float, skew: float | None = None) -> float:
+    def expected_distinct_experts(self, n_tokens: float, skew: float | None = None,
+                                  popularity: float = 0.0, batch: float | None = None) -> float:
         """E[distinct routed experts touched by ``n_tokens`` tokens] under top-k routing.
 
-        Uniform independent routing gives ``E * (1 - (1 - k/E)^n)``. A skew factor ``s >= 1``
-        treats the tokens as ``1 + (n - 1) / s`` independent ones, so one token always touches
+        ``batch`` sequences contribute ``n_tokens / batch`` tokens each (default: one
+        sequence). The tokens of one sequence verified in the same pass are correlated: a
+        skew ``s >= 1`` counts them as ``1 + (q - 1) / s`` independent tokens (``skew``
+        defaults to the profile's prior). Independent tokens pick experts with
+        probabilities ``p_e`` (:func:`expert_probabilities`; uniform ``k/E`` at
+        ``popularity`` 0), so ``E[d] = sum_e 1 - (1 - p_e)^n_eff``: one token touches
         exactly ``k`` experts and the count never exceeds ``E``.
         """
         if n_tokens <= 0:
@@ -146,9 +229,13 @@ class ModelProfile:
         s = self.routing_skew if skew is None else skew
         if s <= 0:
             raise ValueError("routing skew must be positive")
-        n_eff = 1.0 + (n_tokens - 1.0) / s
+        seqs = 1.0 if batch is None else max(float(batch), 1.0)
+        q = max(n_tokens / seqs, 1.0)
+        n_eff = seqs * (1.0 + (q - 1.0) / s)
         e, k = self.n_routed_experts, self.num_experts_per_tok
-        return e * (1.0 - (1.0 - k / e) ** n_eff)
+        if popularity == 0.0:
+            return e * (1.0 - (1.0 - k / e) ** n_eff)
+        return sum(1.0 - (1.0 - p) ** n_eff for p in expert_probabilities(e, k, popularity))
 
     def total_params(self) -> float:
         """All parameters of the text stack (for the published ~1.04T sanity check)."""
@@ -174,34 +261,35 @@ class ModelProfile:
         return attn + moe + dense + 2 * self.lm_head_params()
 
 
+_MODEL_NUMERIC = ("hidden_size", "num_layers", "first_k_dense_replace", "dense_intermediate_size",
+                  "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+                  "moe_intermediate_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
+                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size",
+                  "dtype_bytes", "kv_cache_dtype_bytes", "routed_expert_bits_per_weight",
+                  "router_dtype_bytes", "routing_skew", "reduced_draft_vocab_size",
+                  "reduced_vocab_coverage")
+
+
 def load_model(name_or_path: str | Path = "kimi-k2.5") -> ModelProfile:
-    d = load_raw("models", name_or_path)
+    d, where = load_raw("models", name_or_path, with_location=True)
+    for f in _MODEL_NUMERIC:
+        require(d, f, (int, float), where, positive=f != "first_k_dense_replace")
+    require(d, "kernels", dict, where, "an object of kernel counts")
+    require(d, "collectives", dict, where, "an object of collective counts")
+    for f in ("moe_layer", "dense_layer", "per_pass", "sampler"):
+        require(d["kernels"], f, (int, float), f"{where}: field 'kernels'")
+    for f in ("allreduce_per_layer", "embedding_allreduce"):
+        require(d["collectives"], f, int, f"{where}: field 'collectives'")
+    if d["reduced_vocab_coverage"] > 1:
+        raise ProfileError(f"{where}: field 'reduced_vocab_coverage' must be within (0, 1], "
+                           f"got {d['reduced_vocab_coverage']!r}")
     fields = {f.name for f in dataclasses.fields(ModelProfile)} - {"raw"}
-    missing = sorted(fields - d.keys())
-    if missing:
-        raise ValueError(f"model profile {d.get('name')!r} lacks {missing}")
-    return ModelProfile(**{k: d[k] for k in fields}, raw=d)
+    return ModelProfile(**{k: d[k] for k in fields if k in d}, raw=d)
 
 
 # ---------------------------------------------------------------------------------------------
 # Hardware
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PublishedFigure:
-    id: str
-    engine: str
-    backend: str
-    tokens_per_s: float
-    source: str
-    allreduce_share: float | None = None
-    allreduce_calls_per_step: int | None = None
-    allreduce_call_us: float | None = None
-
-    @property
-    def step_s(self) -> float:
-        return 1.0 / self.tokens_per_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,10 +313,6 @@ class HardwareProfile:
     raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
 
     @property
-    def published(self) -> list[PublishedFigure]:
-        return [PublishedFigure(**p) for p in self.calibration.get("published", [])]
-
-    @property
     def calibration_context(self) -> int:
         return int(self.calibration.get("context_tokens", 1024))
 
@@ -240,27 +324,43 @@ class HardwareProfile:
         return dataclasses.replace(self, **changes)
 
 
+_HW_NUMERIC = ("tp", "memory_bandwidth_GBps", "memory_capacity_GB", "gpu_memory_utilization",
+               "reserved_memory_GB", "peak_bf16_tflops", "compute_efficiency", "kernel_gap_us",
+               "step_overhead_us", "spec_step_overhead_us")
+
+
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    d = load_raw("hardware", name_or_path)
-    fields = {f.name for f in dataclasses.fields(HardwareProfile)} - {"raw", "assumptions"}
-    missing = sorted(fields - d.keys())
-    if missing:
-        raise ValueError(f"hardware profile {d.get('name')!r} lacks {missing}")
-    return HardwareProfile(
-        **{k: d[k] for k in fields}, assumptions=tuple(d.get("assumptions", ())), raw=d
-    )
+    d, where = load_raw("hardware", name_or_path, with_location=True)
+    require(d, "name", str, where)
+    for f in _HW_NUMERIC:
+        require(d, f, (int, float), where,
+                positive=f not in ("kernel_gap_us", "step_overhead_us", "spec_step_overhead_us",
+                                   "reserved_memory_GB"))
+    require(d, "latency_table", str, where, "a latency profile name or JSON path")
+    require(d, "backends", dict, where, "an object of all-reduce backends")
+    if "nccl" not in d["backends"]:
+        raise ProfileError(f"{where}: field 'backends' must include 'nccl'")
+    require(d, "calibration", dict, where, "an object")
+    fields = {f.name for f in dataclasses.fields(HardwareProfile)} - {"raw", "assumptions",
+                                                                       "description"}
+    return HardwareProfile(**{k: d[k] for k in fields if k in d},
+                           description=d.get("description", ""),
+                           assumptions=tuple(d.get("assumptions", ())), raw=d)
 
 
 # ---------------------------------------------------------------------------------------------
 # Drafts
 # ---------------------------------------------------------------------------------------------
 
+DRAFT_KINDS = ("eagle3", "eagle3_mla", "mtp", "dflash", "dspark", "draft_model")
+PROPOSALS = ("autoregressive", "one_pass")
+
 
 @dataclasses.dataclass(frozen=True)
 class DraftProfile:
     name: str
     checkpoint: str
-    kind: str  # eagle3 | eagle3_mla | mtp | dflash
+    kind: str  # see DRAFT_KINDS
     description: str
     proposal: str  # autoregressive (k forwards per step) | one_pass (1 forward per step)
     max_k: int
@@ -269,6 +369,9 @@ class DraftProfile:
     assumptions: tuple[str, ...] = ()
     stock_supported: bool = True
     stock_note: str = ""
+    method: str = ""  # vLLM's speculative "method"
+    placements: tuple[str, ...] = ()  # () = every placement the model knows
+    project_requires: str = ""  # project feature needed to load it at all ("" = none)
     raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -282,24 +385,37 @@ class DraftProfile:
     def datasets(self) -> list[str]:
         return sorted((self.acceptance or {}).get("values", {}))
 
+    def field_figures(self) -> list[dict[str, Any]]:
+        """Acceptance measured in public runs (``acceptance.field``), with sources."""
+        return list((self.acceptance or {}).get("field", []))
+
+
+_DEFAULT_METHOD = {"eagle3": "eagle3", "eagle3_mla": "eagle3", "mtp": "mtp", "dflash": "dflash",
+                   "dspark": "dspark", "draft_model": "draft_model"}
+
 
 def load_draft(name_or_path: str | Path) -> DraftProfile:
-    d = load_raw("drafts", name_or_path)
-    if d.get("kind") not in ("eagle3", "eagle3_mla", "mtp", "dflash"):
-        raise ValueError(f"draft {d.get('name')!r}: unknown kind {d.get('kind')!r}")
-    if d.get("proposal") not in ("autoregressive", "one_pass"):
-        raise ValueError(f"draft {d.get('name')!r}: unknown proposal {d.get('proposal')!r}")
+    d, where = load_raw("drafts", name_or_path, with_location=True)
+    require(d, "name", str, where)
+    if d.get("kind") not in DRAFT_KINDS:
+        raise ProfileError(f"{where}: field 'kind' must be one of {', '.join(DRAFT_KINDS)}, "
+                           f"got {d.get('kind')!r}")
+    if d.get("proposal") not in PROPOSALS:
+        raise ProfileError(f"{where}: field 'proposal' must be one of {', '.join(PROPOSALS)}, "
+                           f"got {d.get('proposal')!r}")
+    arch = require(d, "architecture", dict, where, "an object")
+    require(arch, "vocab_size", int, f"{where}: field 'architecture'", positive=True)
+    acc = d.get("acceptance")
+    if acc is not None and not isinstance(acc, dict):
+        raise ProfileError(f"{where}: field 'acceptance' must be an object or null")
+    max_k = d.get("max_k", 7)
+    if not isinstance(max_k, int) or isinstance(max_k, bool) or not 1 <= max_k <= 15:
+        raise ProfileError(f"{where}: field 'max_k' must be an integer within 1..15, got {max_k!r}")
     return DraftProfile(
-        name=d["name"],
-        checkpoint=d.get("checkpoint", ""),
-        kind=d["kind"],
-        description=d.get("description", ""),
-        proposal=d["proposal"],
-        max_k=int(d.get("max_k", 7)),
-        architecture=d["architecture"],
-        acceptance=d.get("acceptance"),
-        assumptions=tuple(d.get("assumptions", ())),
+        name=d["name"], checkpoint=d.get("checkpoint", ""), kind=d["kind"],
+        description=d.get("description", ""), proposal=d["proposal"], max_k=max_k,
+        architecture=arch, acceptance=acc, assumptions=tuple(d.get("assumptions", ())),
         stock_supported=bool(d.get("stock_supported", True)),
-        stock_note=d.get("stock_note", ""),
-        raw=d,
-    )
+        stock_note=d.get("stock_note", ""), method=d.get("method", _DEFAULT_METHOD[d["kind"]]),
+        placements=tuple(d.get("placements", ())),
+        project_requires=d.get("project_requires", ""), raw=d)

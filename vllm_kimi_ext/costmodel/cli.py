@@ -3,19 +3,65 @@
 Examples::
 
     vllm-kimi-ext plan --list
-    vllm-kimi-ext plan --hardware rtx-pro-6000-pcie-x8 --draft lightseek-eagle3
+    vllm-kimi-ext plan --draft lightseek-eagle3-mla
     vllm-kimi-ext plan --draft lightseek-eagle3 --tau 2.9 --batch 4 --out plan.png --json plan.json
     vllm-kimi-ext plan --draft nvidia-eagle3 --acceptance 0.7,0.5,0.4
+    vllm-kimi-ext plan --draft lightseek-eagle3 --acceptance-from bench/out/e2e/results.json
+    vllm-kimi-ext plan --validate
+
+Exit codes: 0 clean; 1 ``--validate`` found a point beyond the error bound without a named
+mechanism; 2 usage or unreadable input (one line naming the argument or the file and the
+field; ``--debug`` shows the traceback of an unexpected error).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
+import traceback
 from pathlib import Path
 
 DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 DEFAULT_MODEL = "kimi-k2.5"
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+class UsageError(ValueError):
+    """A bad argument: exit 2 with its one-line message."""
+
+
+def _finite(name: str, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{name} must be finite, got {text!r}")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'>' if lo_open else '>='} {lo:g}, got {text!r}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"{name} must be <= {hi:g}, got {text!r}")
+        return v
+    return parse
+
+
+def _int(name: str, lo: int, hi: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"within {lo}..{hi}"
+            raise argparse.ArgumentTypeError(f"{name} must be {rng}, got {text!r}")
+        return v
+    return parse
 
 
 def register(subparsers) -> None:
@@ -23,55 +69,91 @@ def register(subparsers) -> None:
         "plan",
         help="recommend a speculative-decoding configuration from the PCIe cost model",
         description="Estimate decode throughput of Kimi-K2.5 with speculative decoding on a "
-        "box (a model calibrated on published figures, not a measurement) and recommend "
-        "draft length, draft placement, draft vocabulary, verifier and all-reduce backend.",
-    )
+        "box (a model fitted to public measurements, not a measurement of your box) and "
+        "recommend draft length, placement, vocabulary, verifier and all-reduce backend "
+        "among what stock vLLM 0.34.0 plus this project can build.",
+        epilog="exit codes: 0 clean; 1 --validate found an unexplained miss; 2 usage or "
+        "unreadable input (never a traceback; --debug shows one).")
     p.add_argument("--list", action="store_true", help="list the shipped profiles and exit")
+    p.add_argument("--validate", action="store_true",
+                   help="print every calibration and held-out point: measured, predicted, error")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE,
                    help=f"hardware profile name or JSON path (default {DEFAULT_HARDWARE})")
+    p.add_argument("--latency", default=None,
+                   help="latency table name or JSON path (default: the hardware profile's; "
+                   "e.g. one written by bench/allreduce_bench.py)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model profile name or JSON path (default {DEFAULT_MODEL})")
     p.add_argument("--draft", action="append", default=[],
                    help="draft profile name or JSON path; repeat for several "
-                   "(default: every draft with published acceptance)")
+                   "(default: every draft with a card acceptance figure)")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--acceptance", metavar="R1,R2,...",
                      help="per-position acceptance rates as vLLM logs them (fraction of steps "
-                     "in which position i was accepted; non-increasing); overrides the "
-                     "drafts' reported figures")
-    acc.add_argument("--tau", type=float,
-                     help="mean acceptance length (bonus token included) measured at "
-                     "--tau-k draft tokens; overrides the drafts' reported figures")
-    p.add_argument("--tau-k", type=int, default=None,
+                     "in which position i was accepted; non-increasing, within [0, 1])")
+    acc.add_argument("--tau", type=_finite("--tau", lo=1.0),
+                     help="mean acceptance length (bonus token included) measured at --tau-k")
+    acc.add_argument("--acceptance-from", type=Path, metavar="RESULTS_JSON",
+                     help="per-position acceptance of a bench/e2e/runner.py results.json")
+    p.add_argument("--acceptance-run", default=None,
+                   help="with --acceptance-from: the run id when the file holds several")
+    p.add_argument("--tau-k", type=_int("--tau-k", 1, 15), default=None,
                    help="draft tokens at which --tau was measured (default: the draft's "
                    "reference k, else 3)")
     p.add_argument("--dataset", default=None,
-                   help="which reported acceptance to use (e.g. mt-bench, gsm8k, humaneval)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent requests (default 1)")
-    p.add_argument("--context", type=int, default=1024,
+                   help="which card figure to use (e.g. mt-bench, gsm8k, humaneval)")
+    p.add_argument("--batch", type=_int("--batch", 1, 4096), default=1,
+                   help="concurrent requests (default 1)")
+    p.add_argument("--context", type=_int("--context", 0, 1 << 20), default=1024,
                    help="context tokens per request (default 1024)")
     p.add_argument("--backend", action="append", default=None,
-                   help="restrict all-reduce backends (repeat); default: all on the box")
-    p.add_argument("--k-max", type=int, default=7, help="largest draft length tried (<= 7)")
+                   help="restrict all-reduce backends (repeat); default: every costed one")
+    p.add_argument("--k-max", type=_int("--k-max", 1, 7), default=7,
+                   help="largest draft length tried (1..7)")
     p.add_argument("--stock-only", action="store_true",
                    help="only what stock vLLM 0.34 can run")
     p.add_argument("--params", choices=("calibrated", "prior"), default="calibrated",
-                   help="fitted parameters (default) or the hardware profile's priors")
+                   help="the fitted parameters (default) or the hardware profile's priors")
     p.add_argument("--count-mode", choices=("profile", "code"), default="profile",
-                   help="'profile': 123 all-reduces per pass + 4 unattributed per step "
-                   "(= the 127 a public profile reported); 'code': the 123 counted from code")
-    p.add_argument("--routing-skew", type=float, default=None,
-                   help="override the model profile's routing skew (1 = uniform routing)")
+                   help="'profile': 123 all-reduces per pass + 4 unattributed per step; "
+                   "'code': the 123 counted from code")
+    p.add_argument("--routing-skew", type=_finite("--routing-skew", lo=1.0),
+                   help="override the fitted correlation of one sequence's verified tokens "
+                   "(>= 1; 1 = independent)")
     p.add_argument("--all", action="store_true",
                    help="print every verifier/backend combination, not just the best per row")
-    p.add_argument("--out", type=Path, help="write a PNG plot of tokens/s against k")
+    p.add_argument("--out", type=Path,
+                   help="write a plot of tokens/s against k (.png, .svg or .pdf)")
     p.add_argument("--json", type=Path, help="write the recommendation and all rows as JSON")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     p.set_defaults(func=run_plan)
+
+    def one_line_error(message: str):  # argparse's usage dump would bury the reason
+        print(f"vllm-kimi-ext plan: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    p.error = one_line_error
 
 
 def _err(msg: str) -> int:
     print(f"vllm-kimi-ext plan: error: {msg}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
+
+
+def check_output_path(flag: str, path: Path | None, suffixes: tuple[str, ...]) -> None:
+    """A writable output file: the right suffix, not a directory, no file among its parents."""
+    if path is None:
+        return
+    if path.suffix.lower() not in suffixes:
+        raise UsageError(f"{flag} {path}: the suffix must be one of {', '.join(suffixes)} "
+                         "(it selects the format written)")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+            break
 
 
 def list_profiles_text() -> str:
@@ -80,144 +162,175 @@ def list_profiles_text() -> str:
     lines = ["hardware:"]
     for name in list_profiles("hardware"):
         hw = load_hardware(name)
-        n = len(hw.published)
-        lines.append(f"  {name:28s} {hw.description} "
-                     f"[{f'calibrated on {n} published figures' if n else 'priors only'}]")
+        fitted = "fitted" if hw.calibration.get("fitted") else "priors only"
+        lines.append(f"  {name:30s} {hw.description} [{fitted}]")
     lines.append("models:")
     lines += [f"  {name}" for name in list_profiles("models")]
     lines.append("drafts:")
     for name in list_profiles("drafts"):
         d = load_draft(name)
-        if d.acceptance:
-            a = d.acceptance
+        a = d.acceptance or {}
+        if a.get("values"):
             vals = ", ".join(f"{k} {v:g}" for k, v in sorted(a["values"].items()))
-            acc = f"{a['metric'].replace('_', ' ')} at k={a['k_ref']}: {vals}"
+            acc = f"card {a['metric'].replace('_', ' ')} at k={a['k_ref']}: {vals}"
+            if a.get("field"):
+                acc += f"; {len(a['field'])} field figure(s)"
+        elif a.get("assumed"):
+            acc = "assumed band (nothing published)"
         else:
             acc = "no published acceptance (pass --tau/--acceptance)"
-        lines.append(f"  {name:28s} {d.checkpoint} - {d.kind}; {acc}")
+        lines.append(f"  {name:30s} {d.checkpoint} - {d.kind}; {acc}")
     lines.append("latency tables:")
     lines += [f"  {name}" for name in list_profiles("latency")]
     return "\n".join(lines)
 
 
-def resolve_acceptances(args, drafts):
-    """[(draft, Acceptance)] from the flags or the drafts' reported figures."""
-    from vllm_kimi_ext.costmodel.acceptance import Acceptance, from_draft_profile
+def parse_rates(text: str) -> list[float]:
+    parts = [x.strip() for x in text.split(",")]
+    if not parts or any(not x for x in parts):
+        raise UsageError(f"--acceptance {text!r}: expected comma-separated rates, e.g. "
+                         "0.7,0.5,0.4")
+    rates = []
+    for x in parts:
+        try:
+            r = float(x)
+        except ValueError:
+            raise UsageError(f"--acceptance: {x!r} is not a number") from None
+        if not math.isfinite(r) or not 0.0 <= r <= 1.0:
+            raise UsageError(f"--acceptance: every rate must be within [0, 1], got {x!r}")
+        rates.append(r)
+    if any(b > a + 1e-12 for a, b in zip(rates, rates[1:])):
+        raise UsageError(f"--acceptance {text!r}: per-position rates must not increase "
+                         "(position i is accepted only when position i-1 was)")
+    return rates
 
+
+def resolve_acceptances(args, drafts):
+    """[(draft, Acceptance)] from the flags or the drafts' card figures."""
+    from vllm_kimi_ext.costmodel.acceptance import (
+        Acceptance,
+        from_draft_profile,
+        from_results_json,
+    )
+
+    if args.acceptance_from is not None:
+        try:
+            shared, _ = from_results_json(args.acceptance_from, args.acceptance_run)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     out = []
     for d in drafts:
         if args.acceptance:
-            rates = [float(x) for x in args.acceptance.split(",") if x.strip()]
-            acc = Acceptance.from_per_position(rates, "--acceptance")
+            acc = Acceptance.from_per_position(parse_rates(args.acceptance), "--acceptance")
         elif args.tau is not None:
             k_ref = args.tau_k or (d.acceptance or {}).get("k_ref", 3)
+            if args.tau > k_ref + 1:
+                raise UsageError(f"--tau {args.tau:g}: impossible with {k_ref} draft tokens "
+                                 f"(at most {k_ref + 1}; set --tau-k)")
             acc = Acceptance.from_tau(args.tau, int(k_ref), f"--tau {args.tau:g} at k={k_ref}")
+        elif args.acceptance_from is not None:
+            acc = shared
         else:
             try:
                 acc = from_draft_profile(d.acceptance, args.dataset)
             except KeyError as exc:
-                raise ValueError(f"draft {d.name}: {exc.args[0]}") from None
+                raise UsageError(f"--dataset: draft {d.name}: {exc.args[0]}") from None
             if acc is None:
-                raise ValueError(f"draft {d.name} publishes no acceptance figure; "
-                                 "pass --tau or --acceptance")
+                raise UsageError(f"draft {d.name} publishes no acceptance figure; pass --tau, "
+                                 "--acceptance or --acceptance-from")
         out.append((d, acc))
     return out
 
 
-def format_table(rec, show_all: bool = False) -> str:
-    from vllm_kimi_ext.costmodel.plot import series
-    from vllm_kimi_ext.costmodel.recommend import _fmt_bytes
-
-    base = {o.plan.backend: o for o in rec.options if not o.plan.speculative}
-    head = (f"{'draft':22s} {'k':>2s} {'placement':11s} {'verifier':8s} {'backend':19s} "
-            f"{'tau':>5s} {'tok/s':>7s} {'x no-spec':>9s} {'coll/tok':>8s} {'comm/tok':>9s} "
-            f"{'HBM/tok':>8s}")
-    lines = [head, "-" * len(head)]
-
-    def row(o, name, k, placement):
-        e = o.estimate
-        mark = " *" if o is rec.best else ""
-        sp = e.tokens_per_s / base[o.plan.backend].tokens_per_s
-        return (f"{name:22s} {k:>2d} {placement:11s} "
-                f"{(o.plan.verifier if o.plan.speculative else '-'):8s} {o.plan.backend:19s} "
-                f"{e.tau:5.2f} {e.tokens_per_s:7.1f} {sp:8.2f}x {e.collectives_per_token:8.1f} "
-                f"{_fmt_bytes(e.comm_bytes_per_token):>9s} {_fmt_bytes(e.hbm_bytes_per_token):>8s}"
-                f"{mark}")
-
-    for o in sorted(base.values(), key=lambda o: -o.tokens_per_s):
-        lines.append(row(o, "(no speculation)", 0, "-"))
-    if show_all:
-        spec = sorted((o for o in rec.options if o.plan.speculative),
-                      key=lambda o: (o.plan.draft.name, o.plan.k, o.plan.placement,
-                                     o.plan.vocab, -o.tokens_per_s))
-        for o in spec:
-            lines.append(row(o, o.plan.draft.name, o.plan.k, f"{o.plan.placement}/{o.plan.vocab}"))
-    else:
-        for (draft, placement, vocab), pts in series(rec.options).items():
-            for k, o in pts:
-                # the recommended option stands in for its row so the marker shows
-                if (rec.best.plan.speculative and rec.best.plan.draft.name == draft
-                        and rec.best.plan.k == k and rec.best.plan.placement == placement
-                        and rec.best.plan.vocab == vocab):
-                    o = rec.best
-                lines.append(row(o, draft, k, f"{placement}/{vocab}"))
-    lines.append("  * recommended. x no-spec: against no speculation on the same all-reduce "
-                 "backend. comm/tok: collective payload (all-reduce buffers, gathered outputs) "
-                 "per output token; HBM/tok: bytes each GPU streams per output token.")
-    return "\n".join(lines)
+def _check_args(args) -> None:
+    if args.tau_k is not None and args.tau is None:
+        raise UsageError("--tau-k needs --tau")
+    if args.acceptance_run is not None and args.acceptance_from is None:
+        raise UsageError("--acceptance-run needs --acceptance-from")
+    check_output_path("--out", args.out, PLOT_SUFFIXES)
+    check_output_path("--json", args.json, (".json",))
 
 
 def run_plan(args) -> int:
+    from vllm_kimi_ext.costmodel.catalog import ProfileError, UnknownProfileError
+
+    try:
+        return _run(args)
+    except (UsageError, ProfileError, UnknownProfileError) as exc:
+        return _err(str(exc))
+    except OSError as exc:
+        return _err(f"{getattr(exc, 'filename', '') or ''}: {exc.strerror or exc}".lstrip(": "))
+    except Exception as exc:  # never a traceback for what a user can pass
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        return _err(f"unexpected {exc.__class__.__name__}: {exc} (rerun with --debug)")
+
+
+def _build(args):
     import dataclasses
 
     from vllm_kimi_ext.costmodel.catalog import (
-        UnknownProfileError,
         list_profiles,
         load_draft,
         load_hardware,
         load_model,
     )
     from vllm_kimi_ext.costmodel.model import CostModel
-    from vllm_kimi_ext.costmodel.recommend import recommend
 
-    if args.list:
-        print(list_profiles_text())
-        return 0
-    try:
-        hw = load_hardware(args.hardware)
-        model = load_model(args.model)
-        names = args.draft or [n for n in list_profiles("drafts") if load_draft(n).acceptance]
-        drafts = [load_draft(n) for n in names]
-    except UnknownProfileError as exc:
-        return _err(str(exc))
+    hw = load_hardware(args.hardware)
+    model = load_model(args.model)
+    cm = CostModel.build(hw, model, params=args.params, count_mode=args.count_mode,
+                         latency=args.latency)
     if args.routing_skew is not None:
-        if args.routing_skew <= 0:
-            return _err("--routing-skew must be positive")
-        model = dataclasses.replace(model, routing_skew=args.routing_skew)
-    if args.batch < 1 or args.context < 0 or not 1 <= args.k_max <= 7:
-        return _err("--batch must be >= 1, --context >= 0 and --k-max within 1..7")
-    try:
-        drafts_acc = resolve_acceptances(args, drafts)
-    except ValueError as exc:
-        return _err(str(exc))
-    cm = CostModel.build(hw, model, params=args.params, count_mode=args.count_mode)
+        cm = cm.with_params(dataclasses.replace(cm.params, routing_skew=args.routing_skew))
+    names = args.draft or [n for n in list_profiles("drafts")
+                           if (load_draft(n).acceptance or {}).get("values")]
+    drafts = [load_draft(n) for n in names]
+    if args.dataset and not any(args.dataset in d.datasets() for d in drafts):
+        raise UsageError(f"--dataset {args.dataset!r}: no selected draft has it; available: "
+                         + ", ".join(sorted({ds for d in drafts for ds in d.datasets()})))
     if args.backend:
         unknown = [b for b in args.backend if b not in cm.backends]
         if unknown:
-            return _err(f"unknown backend {unknown[0]!r} on {hw.name}; valid: "
-                        f"{', '.join(cm.backends)}")
-    try:
-        rec = recommend(cm, drafts_acc, batch=args.batch, context=args.context,
-                        backends=args.backend, k_max=args.k_max, stock_only=args.stock_only)
-    except ValueError as exc:
-        return _err(str(exc))
+            raise UsageError(f"--backend {unknown[0]!r}: not costed on {hw.name} with latency "
+                             f"table {cm.latency.name}; valid: {', '.join(cm.backends)}")
+    return cm, drafts
+
+
+def _run(args) -> int:
+    if args.list:
+        print(list_profiles_text())
+        return EXIT_OK
+    _check_args(args)
+    if args.validate:
+        return _run_validate(args)
+    from vllm_kimi_ext.costmodel.recommend import recommend
+
+    cm, drafts = _build(args)
+    drafts_acc = resolve_acceptances(args, drafts)
+    rec = recommend(cm, drafts_acc, batch=args.batch, context=args.context,
+                    backends=args.backend, k_max=args.k_max, stock_only=args.stock_only)
+    _print_plan(args, cm, rec, drafts_acc)
+    if not (args.acceptance or args.tau is not None or args.acceptance_from):
+        _print_band(cm, drafts, args)
+    if args.out:
+        from vllm_kimi_ext.costmodel.plot import plot_plan
+
+        print(f"plot: {plot_plan(rec, args.out)}")
+    if args.json:
+        _write_json(args, cm, rec, drafts_acc)
+    return EXIT_OK
+
+
+def _print_plan(args, cm, rec, drafts_acc) -> None:
+    from vllm_kimi_ext.costmodel.tables import format_table
 
     p = cm.params
-    print(f"{hw.name}: {hw.description}")
-    print(f"model {model.name}; batch {args.batch}, context {args.context}; "
-          f"bandwidth fraction {p.bandwidth_efficiency:.3f}, in-situ collective overhead "
-          f"{p.collective_overhead_us:.1f} us ({'calibrated' if p.calibrated else 'priors'}); "
-          f"all-reduces counted per '{args.count_mode}' mode")
+    print(f"{cm.hw.name}: {cm.hw.description}")
+    print(f"model {cm.model.name}; latency table {cm.latency.name}; batch {args.batch}, "
+          f"context {args.context}; {'fitted' if p.calibrated else 'prior'} parameters "
+          f"(vllm-kimi-ext plan --validate shows the fit); all-reduces counted per "
+          f"'{args.count_mode}' mode")
     for d, a in drafts_acc:
         print(f"acceptance {d.name}: {a.source}; tau(k=1..7) = "
               + ", ".join(f"{a.tau(k):.2f}" for k in range(1, 8)))
@@ -228,22 +341,58 @@ def run_plan(args) -> int:
         print(f"- {line}")
     for line in rec.caveats:
         print(f"! {line}")
-    if args.out:
-        from vllm_kimi_ext.costmodel.plot import plot_plan
 
-        print(f"plot: {plot_plan(rec, args.out)}")
+
+def _print_band(cm, drafts, args) -> None:
+    from vllm_kimi_ext.costmodel.acceptance import band_for, field_to_card_ratio
+    from vllm_kimi_ext.costmodel.catalog import list_profiles, load_draft
+    from vllm_kimi_ext.costmodel.recommend import recommend_across_band
+    from vllm_kimi_ext.costmodel.tables import format_band
+
+    ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
+    bands = []
+    for d in drafts:
+        band = band_for(d, args.dataset, ratio=ratio)
+        if band is not None:
+            bands.append(recommend_across_band(cm, d, band, batch=args.batch,
+                                               context=args.context, backends=args.backend,
+                                               k_max=args.k_max, stock_only=args.stock_only))
+    if bands:
+        print()
+        print(format_band(bands))
+
+
+def _run_validate(args) -> int:
+    from vllm_kimi_ext.costmodel.calibration import validate
+    from vllm_kimi_ext.costmodel.tables import format_validation
+
+    cm, _ = _build(args)
+    rep = validate(cm)
+    print(format_validation(rep))
     if args.json:
-        doc = {
-            **rec.to_dict(),
-            "params": dataclasses.asdict(p),
-            "count_mode": args.count_mode,
-            "acceptance": {d.name: {"source": a.source,
-                                    "tau": {k: a.tau(k) for k in range(0, 8)}}
-                           for d, a in drafts_acc},
-            "rows": [{**o.estimate.to_dict(), "requires": list(o.requires)}
-                     for o in rec.options],
-        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        args.json.write_text(json.dumps(rep.to_dict(), indent=1) + "\n")
         print(f"json: {args.json}")
-    return 0
+    if args.out:
+        from vllm_kimi_ext.costmodel.plot import plot_validation
+
+        print(f"plot: {plot_validation(rep, args.out)}")
+    return EXIT_FINDINGS if rep.unexplained_misses else EXIT_OK
+
+
+def _write_json(args, cm, rec, drafts_acc) -> None:
+    import dataclasses
+
+    doc = {
+        **rec.to_dict(),
+        "params": dataclasses.asdict(cm.params),
+        "latency_table": cm.latency.name,
+        "count_mode": args.count_mode,
+        "acceptance": {d.name: {"source": a.source, "tau": {k: a.tau(k) for k in range(0, 8)}}
+                       for d, a in drafts_acc},
+        "rows": [{**o.estimate.to_dict(), "requires": [str(r) for r in o.requires]}
+                 for o in rec.options],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"json: {args.json}")

@@ -2,45 +2,63 @@
 
 * :func:`markdown_report` - a plan report (tables + PNG) for one box and set of drafts; the
   bench session uses it to put the model's prediction beside its measurements.
-* :func:`what_to_run_markdown` - the README section "What to run on 8x PCIe", written to
-  ``docs/what-to-run.md``.
-* :func:`anatomy_markdown` and :func:`calibration_markdown` - the tables written between the
-  ``GENERATED`` markers of ``docs/cost-model.md``.
+* :func:`what_to_run_markdown` - ``docs/what-to-run.md`` (the headline of
+  :mod:`.headline`, every draft across its band, sensitivity, the what-if ranking).
+* the blocks between the ``GENERATED`` markers of ``docs/cost-model.md``: parameters and
+  validation, sources, latency tables, anatomy of a step.
 
-``python -m vllm_kimi_ext.costmodel.report --write-docs docs/`` regenerates both documents;
-``--check-docs docs/`` exits 1 when the committed ones are stale (a unit test does the same).
-Everything here is deterministic: no dates, no machine names.
+``python -m vllm_kimi_ext.costmodel.report --write-docs DIR`` regenerates both documents
+and their PNGs under ``DIR/img``; ``--check-docs DIR`` exits 1 when a document is stale
+(a unit test does the same). Everything here is deterministic: no dates, no machine names.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
-from vllm_kimi_ext.costmodel.acceptance import Acceptance, from_draft_profile
-from vllm_kimi_ext.costmodel.calibration import (
-    DEFAULT_HYPOTHESIS,
-    HYPOTHESES,
-    IN_SAMPLE_BOUND,
-    LEAVE_ONE_OUT_BOUND,
-    calibrate,
-    hypothesis_report,
+from vllm_kimi_ext.costmodel import whatif
+from vllm_kimi_ext.costmodel.acceptance import (
+    Acceptance,
+    band_for,
+    field_to_card_ratio,
+    from_draft_profile,
 )
+from vllm_kimi_ext.costmodel.calibration import ERROR_BOUND, SPLITS, validate
 from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
-from vllm_kimi_ext.costmodel.model import CostModel, Plan, StepEstimate
-from vllm_kimi_ext.costmodel.recommend import (
-    Recommendation,
-    _fmt_bytes,
-    describe,
-    recommend,
+from vllm_kimi_ext.costmodel.headline import headline, headline_markdown
+from vllm_kimi_ext.costmodel.latency import load_latency_table
+from vllm_kimi_ext.costmodel.model import CostModel, StepEstimate
+from vllm_kimi_ext.costmodel.options import Recommendation, describe, fmt_bytes
+from vllm_kimi_ext.costmodel.params import BOUNDS, FITTED
+from vllm_kimi_ext.costmodel.plot import (
+    plot_latency,
+    plot_levers,
+    plot_plan,
+    plot_validation,
+    series,
 )
+from vllm_kimi_ext.costmodel.recommend import recommend, recommend_across_band
 
 PCIE = "rtx-pro-6000-pcie-x8"
-NVLINK = "h200-nvlink-x8"
-HEADLINE_DRAFT = "lightseek-eagle3"
-GENERATED_BLOCKS = ("anatomy", "calibration")
+GENERATED_BLOCKS = ("calibration", "sources", "latency", "anatomy")
+IMG = "img"
+EAGLE_REFERENCE = "lightseek-eagle3-mla"
+PARAM_MEANING = {
+    "bandwidth_efficiency": "fraction of peak memory bandwidth streaming weights",
+    "collective_overhead_us": "in-situ cost per collective on top of the idle table (us)",
+    "kv_read_factor": "attention time per KV byte relative to a weight byte (context cost)",
+    "kv_query_share": "extra KV read per additional verified token of a sequence",
+    "routing_skew": "correlation of one sequence's verified tokens (1 = independent)",
+    "expert_popularity": "Zipf exponent of expert choice (0 = uniform)",
+    "spec_step_overhead_us": "fixed cost of a speculative step (us)",
+    "draft_forward_overhead_us": "fixed cost of each draft forward (us)",
+    "compute_efficiency": "fraction of peak BF16 rate where compute-bound",
+    "kernel_gap_us": "idle gap per kernel launch (us; prior, not fitted)",
+}
 
 
 def _markers(block: str) -> tuple[str, str]:
@@ -50,12 +68,11 @@ def _markers(block: str) -> tuple[str, str]:
 
 def drafts_with_acceptance(names: list[str] | None = None,
                            dataset: str | None = None) -> list[tuple[DraftProfile, Acceptance]]:
-    """Drafts paired with their reported acceptance (drafts without one are skipped)."""
+    """Drafts paired with their card acceptance (drafts without one are skipped)."""
     out = []
     for name in names or list_profiles("drafts"):
         d = load_draft(name)
-        ds = dataset if dataset in d.datasets() else None
-        acc = from_draft_profile(d.acceptance, ds)
+        acc = from_draft_profile(d.acceptance, dataset if dataset in d.datasets() else None)
         if acc is not None:
             out.append((d, acc))
     return out
@@ -67,7 +84,7 @@ def _numeric(cell: str) -> bool:
                         or c == "-")
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     """A markdown table; columns whose cells are all numbers are right-aligned."""
     align = ["---:" if rows and all(_numeric(r[i]) for r in rows) else "---"
              for i in range(len(header))]
@@ -76,15 +93,118 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _pct(x: float) -> str:
-    return "0.0%" if abs(x) < 5e-4 else f"{x:+.1%}"
+def pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "0%" if abs(x) < 5e-3 else f"{x:+.0%}"
+
+
+def _src_cell(src: dict) -> str:
+    return (f"`{src.get('repo', '?')}` `{src.get('file', '?')}` @ "
+            f"`{str(src.get('commit', '?'))[:10]}` ({src.get('date', '?')})")
 
 
 # ---------------------------------------------------------------------------------------------
-# Anatomy of a step
+# docs/cost-model.md blocks
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4)  # deterministic over the shipped profiles
+def calibration_markdown(hardware: str = PCIE) -> str:
+    cm = CostModel.build(hardware)
+    prior = CostModel.build(hardware, params="prior").params
+    rep = validate(cm)
+    n = {s: len(rep.split(s)) for s in SPLITS}
+    rows = [[f"`{name}`", f"{getattr(cm.params, name):.3g}", f"{getattr(prior, name):.3g}",
+             f"{BOUNDS[name][0]:g}-{BOUNDS[name][1]:g}", PARAM_MEANING[name]] for name in FITTED]
+    out = [
+        f"Fitted on `{hardware}`: {n['calibration']} calibration points; {n['validation']} "
+        f"more held out ({n['validation'] / (n['calibration'] + n['validation']):.0%}).",
+        "",
+        md_table(["parameter", "fitted", "prior", "bounds", "meaning"], rows),
+        "",
+        md_table(["split", "points", "mean abs error", "largest error"],
+                 [[s, str(n[s]), f"{rep.mean_abs_error(s):.1%}", f"{rep.max_error(s):.1%}"]
+                  for s in SPLITS]),
+        "",
+        f"![measured against predicted]({IMG}/costmodel-validation.png)",
+        "",
+        "Every point (`vllm-kimi-ext plan --validate` prints the same):",
+        "",
+    ]
+    rows = []
+    for r in rep.rows:
+        p = r.point
+        rows.append([f"`{p.id}`", p.split[:3], p.backend, f"{p.draft or '-'}",
+                     f"{p.acceptance.tau(p.k):.2f}" if p.k else "-",
+                     f"{p.tokens_per_s:.1f}", f"{r.predicted:.1f}",
+                     ("" if r.within_bound else "**") + pct(r.error)
+                     + ("" if r.within_bound else "**")])
+    out.append(md_table(["point", "split", "all-reduce", "draft", "tau", "measured tok/s",
+                         "model tok/s", "error"], rows))
+    misses = rep.misses
+    out += ["", f"Points beyond {ERROR_BOUND:.0%} and the mechanism the model lacks:", ""]
+    by_run: dict[str, list] = {}
+    for r in misses:
+        by_run.setdefault(r.point.run, []).append(r)
+    for run, rs in by_run.items():
+        errs = ", ".join(f"{r.point.id.split('/', 1)[1]} {pct(r.error)}" for r in rs)
+        out.append(f"- `{run}` ({errs}): {rs[0].point.model_lacks or 'UNEXPLAINED'}.")
+    if not misses:
+        out.append("- none.")
+    return "\n".join(out)
+
+
+@functools.lru_cache(maxsize=4)  # deterministic over the shipped profiles
+def sources_markdown(hardware: str = PCIE) -> str:
+    cm = CostModel.build(hardware)
+    rows = [[f"`{sid}`", _src_cell(s), s.get("topology", ""), s.get("note", "")]
+            for sid, s in cm.hw.calibration.get("sources", {}).items()]
+    out = ["Throughput runs (`calibration.sources` of the hardware profile):", "",
+           md_table(["id", "source", "box", "what"], rows), "",
+           "Collective latencies (`sources` of each latency table):", ""]
+    rows = []
+    for name in list_profiles("latency"):
+        t = load_latency_table(name)
+        for sid, s in t.sources.items():
+            rows.append([f"`{name}`", f"`{sid}`", _src_cell(s), s.get("topology", ""),
+                         s.get("method", "")])
+    out.append(md_table(["table", "id", "source", "box", "method"], rows))
+    out += ["", "Acceptance (draft profiles: the card and every public field figure):", ""]
+    rows = []
+    for name in list_profiles("drafts"):
+        d = load_draft(name)
+        acc = d.acceptance or {}
+        card = ", ".join(f"{k} {v:g}" for k, v in sorted(acc.get("values", {}).items())) or "-"
+        fields = "; ".join(f"{f.get('label', '')} ({_src_cell(f.get('source', {}))})"
+                           for f in acc.get("field", [])) or "none public"
+        rows.append([f"`{name}`", card + (f" (k={acc['k_ref']})" if acc.get("values") else ""),
+                     acc.get("source", "-") if acc.get("values") else
+                     (acc.get("assumed", {}).get("source", "none") if acc else "none"), fields])
+    out.append(md_table(["draft", "card", "card source", "field figures"], rows))
+    return "\n".join(out)
+
+
+@functools.lru_cache(maxsize=4)  # deterministic over the shipped profiles
+def latency_markdown() -> str:
+    out = ["Shipped tables (`profiles/latency/`); every point is a published measurement:", ""]
+    rows = []
+    for name in list_profiles("latency"):
+        t = load_latency_table(name)
+        for backend, ops in t.curves.items():
+            for op, c in ops.items():
+                pts = ", ".join(f"{fmt_bytes(x)} {y:g}" for x, y in zip(c.sizes, c.measured_us))
+                lifted = "; lifted: " + ", ".join(fmt_bytes(x) for x, _, _ in c.lifted) \
+                    if c.lifted else ""
+                rows.append([f"`{name}`", backend + (" (auto crossover)"
+                                                     if backend in t.auto_crossover else ""),
+                             op, pts + lifted])
+    out += [md_table(["table", "backend", "op", "bytes us (published)"], rows), "",
+            f"![published all-reduce latencies]({IMG}/costmodel-latency.png)"]
+    return "\n".join(out)
+
+
+@functools.lru_cache(maxsize=4)  # deterministic over the shipped profiles
 def anatomy_markdown(hardware: str = PCIE) -> str:
     """Per-GPU bytes of one target pass, distinct experts, and a no-speculation step."""
     cm = CostModel.build(hardware)
@@ -97,192 +217,94 @@ def anatomy_markdown(hardware: str = PCIE) -> str:
         "dense_mlp": "1 dense layer, 3 x 7168 x 18432 / TP, bf16",
         "router": "60 x 7168 x 384 bf16, replicated on every rank",
         "shared_experts": "60 x 3 x 7168 x 2048 / TP, bf16",
-        "routed_experts": f"60 x E[distinct]=8 x {m.expert_params() / 1e6:.1f}M / TP at "
+        "routed_experts": f"60 x 8 experts x {m.expert_params() / 1e6:.1f}M / TP at "
                           f"{m.routed_expert_bits_per_weight:g} bits",
         "lm_head": "163840 x 7168 / TP, bf16",
     }
     rows = [[k, f"{v / 1e9:.3f}", notes[k]] for k, v in w1.items()]
     rows.append(["**total**", f"**{sum(w1.values()) / 1e9:.3f}**",
                  f"+ {cm.kv_bytes_per_token() / 1e3:.1f} KB of MLA latent per context token"])
-    out = [
-        "Weight bytes each GPU streams in one target pass over one token (TP=8):",
-        "",
-        _md_table(["part", "GB per GPU", "how"], rows),
-        "",
-        f"All weights {m.total_params() / 1e12:.3f}T parameters, {m.active_params() / 1e9:.1f}B "
-        f"active per token; resident per GPU {cm.target_memory_bytes() / 1e9:.1f} GB.",
-        "",
-        "Expected distinct routed experts per MoE layer for n tokens in one pass "
-        "(uniform routing, and with skew 4) and the routed-expert bytes per GPU:",
-        "",
-    ]
+    out = ["Weight bytes each GPU streams in one target pass over one token (TP=8):", "",
+           md_table(["part", "GB per GPU", "how"], rows), "",
+           f"All weights {m.total_params() / 1e12:.3f}T parameters, {m.active_params() / 1e9:.1f}B "
+           f"active per token; resident per GPU {cm.target_memory_bytes() / 1e9:.1f} GB.", "",
+           "Expected distinct routed experts per MoE layer (fitted routing: skew "
+           f"{cm.params.routing_skew:.2f}, popularity {cm.params.expert_popularity:.2f}) "
+           "for B independent sequences, and for one sequence verifying q tokens:", ""]
+    step = cm.no_spec(backend="nccl")
+    share = step.allreduce_time_s / step.step_s
+    per_call = step.allreduce_time_s / sum(t.allreduces for t in step.terms) * 1e6
     rows = []
-    for n in (1, 2, 4, 8, 16, 32, 64):
-        e1 = m.expected_distinct_experts(n)
-        e4 = m.expected_distinct_experts(n, skew=4.0)
-        gb = cm.target_weight_bytes(n)["routed_experts"] / 1e9
-        rows.append([str(n), f"{e1:.1f}", f"{e4:.1f}", f"{gb:.2f}"])
-    out += [_md_table(["n = B(k+1)", "E[distinct], uniform", "skew 4", "routed GB/GPU, uniform"],
-                      rows), "",
-            "One no-speculation step at batch 1 (calibrated, NCCL):", "",
-            breakdown_markdown(cm.no_spec(backend="nccl"))]
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        rows.append([str(n), f"{m.expected_distinct_experts(n, skew=1.0, batch=n):.1f}",
+                     f"{cm.distinct_experts(n):.1f}", f"{cm.distinct_experts(n, 1):.1f}"])
+    out += [md_table(["tokens", "uniform", "B sequences (fitted)", "1 sequence, q tokens "
+                      "(fitted)"], rows), "",
+            "One no-speculation step at batch 1, context 1024 (fitted, NCCL):", "",
+            breakdown_markdown(step), "",
+            f"All-reduce share of this step: {share:.0%}, {per_call:.0f} us per call in situ "
+            "(the unsourced profile stated 51.5 % and 127 x ~78 us)."]
     return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Calibration
-# ---------------------------------------------------------------------------------------------
-
-
-def calibration_markdown(hardware: str = PCIE) -> str:
-    base = CostModel.build(hardware, params="prior")
-    res = calibrate(base, DEFAULT_HYPOTHESIS)
-    p = res.params
-    rows = []
-    for r in res.rows:
-        unit, fmt = ("tok/s", ".1f") if r.quantity == "step_time" else ("ms", ".2f")
-        rows.append([
-            r.label, f"{r.observed:{fmt}} {unit}", f"{r.fitted:{fmt}}", _pct(r.error),
-            "-" if r.loo is None else f"{r.loo:{fmt}}",
-            "-" if r.loo_error is None else _pct(r.loo_error),
-        ])
-    out = [
-        f"Fitted on `{hardware}` (hypothesis `{DEFAULT_HYPOTHESIS}`: "
-        f"{HYPOTHESES[DEFAULT_HYPOTHESIS]}):",
-        "",
-        f"- bandwidth fraction eta = **{p.bandwidth_efficiency:.3f}** "
-        f"(achieved {base.hw.memory_bandwidth_GBps * p.bandwidth_efficiency / 1e3:.2f} TB/s "
-        f"of {base.hw.memory_bandwidth_GBps / 1e3:.2f} TB/s)",
-        f"- in-situ overhead per collective delta = **{p.collective_overhead_us:.1f} us** "
-        "(added to the latency table)",
-        "",
-        _md_table(["observable", "published", "model (fit on all)", "error",
-                   "leave-one-figure-out", "LOO error"], rows),
-        "",
-        f"Largest in-sample error {res.max_in_sample_error:.1%} (bound "
-        f"{IN_SAMPLE_BOUND:.0%}); largest leave-one-out error on a tokens/s figure "
-        f"{max(abs(r.loo_error) for r in res.rows if r.quantity == 'step_time'):.1%} (bound "
-        f"{LEAVE_ONE_OUT_BOUND:.0%}). The all-reduce time cannot be predicted without the "
-        "figure that measured it: without the profile's share, eta and delta are not "
-        "separately identifiable (both add a constant to every batch-1 step), so that "
-        "leave-one-out fit keeps delta at its prior (0).",
-        "",
-        "Leave-one-figure-out parameters:",
-        "",
-        _md_table(["left out", "eta", "delta (us)"],
-                  [[fid, f"{q.bandwidth_efficiency:.3f}", f"{q.collective_overhead_us:.1f}"]
-                   for fid, q in sorted(res.loo_params.items())]),
-        "",
-        "The two statements of the profiled all-reduce time:",
-        "",
-    ]
-    hyp_rows = []
-    for h in hypothesis_report(base):
-        hyp_rows.append([
-            f"`{h['hypothesis']}`", f"{h['allreduce_ms']:.2f}", f"{h['rest_of_step_ms']:.2f}",
-            f"{h['weight_stream_floor_ms']:.2f}",
-            f"{h['implied_bandwidth_TBps_if_rest_were_only_streaming']:.2f}",
-            f"{h['implied_per_call_us']:.1f}", f"{h['implied_in_situ_overhead_us']:.1f}",
-            "yes" if h["physically_possible"] else "**no**",
-        ])
-    out.append(_md_table(
-        ["reading", "all-reduce ms", "rest of step ms", "weight+KV stream at 100% BW, ms",
-         "bandwidth the rest implies, TB/s", "us per call", "us over table", "possible"],
-        hyp_rows))
-    alt = calibrate(base, "per_call")
-    out += [
-        "",
-        f"Fitting the `per_call` reading instead pins eta at its bound "
-        f"({alt.params.bandwidth_efficiency:.2f}) and still misses: largest in-sample error "
-        f"{alt.max_in_sample_error:.1%} "
-        f"({', '.join(f'{r.label}: {_pct(r.error)}' for r in alt.rows)}).",
-    ]
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plan reports
-# ---------------------------------------------------------------------------------------------
-
-
-def _option_row(o, base_tps: float) -> list[str]:
-    e = o.estimate
-    p = o.plan
-    return [
-        p.draft.name if p.speculative else "(no speculation)",
-        str(p.k),
-        f"{p.placement}/{p.vocab}" if p.speculative else "-",
-        p.verifier if p.speculative else "-",
-        p.backend,
-        f"{e.tau:.2f}",
-        f"{e.tokens_per_s:.1f}",
-        f"{e.tokens_per_s / base_tps:.2f}x",
-        f"{e.collectives_per_token:.1f}",
-        _fmt_bytes(e.comm_bytes_per_token),
-        _fmt_bytes(e.hbm_bytes_per_token),
-    ]
-
-
-_HEADER = ["draft", "k", "placement", "verifier", "backend", "tau", "tok/s",
-           "x stock no-spec", "collectives/token", "comm bytes/token", "HBM bytes/token"]
 
 
 def breakdown_markdown(e: StepEstimate) -> str:
     rows = []
     for t in e.terms:
         rows.append([t.phase, t.name, f"{t.time_s * 1e3:.3f}",
-                     _fmt_bytes(t.hbm_bytes) if t.hbm_bytes else "-",
+                     fmt_bytes(t.hbm_bytes) if t.hbm_bytes else "-",
                      str(t.collectives) if t.collectives else "-",
-                     _fmt_bytes(t.comm_bytes) if t.comm_bytes else "-"])
-    rows.append(["", "**step**", f"**{e.step_s * 1e3:.3f}**", _fmt_bytes(e.total("hbm_bytes")),
-                 str(e.collectives_per_step), _fmt_bytes(e.total("comm_bytes"))])
-    return _md_table(["phase", "term", "ms", "HBM bytes/GPU", "collectives", "comm bytes"], rows)
+                     fmt_bytes(t.comm_bytes) if t.comm_bytes else "-"])
+    rows.append(["", "**step**", f"**{e.step_s * 1e3:.3f}**", fmt_bytes(e.total("hbm_bytes")),
+                 str(e.collectives_per_step), fmt_bytes(e.total("comm_bytes"))])
+    return md_table(["phase", "term", "ms", "HBM bytes/GPU", "collectives", "comm bytes"], rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan reports (bench)
+# ---------------------------------------------------------------------------------------------
+
+
+def _option_row(o, base_tps: float) -> list[str]:
+    e, p = o.estimate, o.plan
+    return [p.draft.name if p.speculative else "(no speculation)", str(p.k),
+            f"{p.placement}/{p.vocab}" if p.speculative else "-",
+            p.verifier if p.speculative else "-", p.backend, f"{e.tau:.2f}",
+            f"{e.tokens_per_s:.1f}", f"{e.tokens_per_s / base_tps:.2f}x",
+            f"{e.collectives_per_token:.1f}", fmt_bytes(e.comm_bytes_per_token),
+            fmt_bytes(e.hbm_bytes_per_token)]
+
+
+_HEADER = ["draft", "k", "placement", "verifier", "backend", "tau", "tok/s",
+           "x stock no-spec", "collectives/token", "comm bytes/token", "HBM bytes/token"]
 
 
 def plan_markdown(cm: CostModel, rec: Recommendation, plot_name: str | None = None) -> str:
-    from vllm_kimi_ext.costmodel.plot import series
-
     base = rec.no_spec_stock.tokens_per_s
     rows = [_option_row(o, base) for o in rec.options if not o.plan.speculative]
     for _, pts in series(rec.options).items():
         rows += [_option_row(o, base) for _, o in pts]
     p = cm.params
-    out = [
-        f"Hardware `{cm.hw.name}` ({cm.hw.description}); batch {rec.batch}, context "
-        f"{rec.context}; eta {p.bandwidth_efficiency:.3f}, delta "
-        f"{p.collective_overhead_us:.1f} us ({'calibrated' if p.calibrated else 'priors'}).",
-        "",
-        "**Recommendation**",
-        "",
-    ]
+    out = [f"Hardware `{cm.hw.name}` ({cm.hw.description}); batch {rec.batch}, context "
+           f"{rec.context}; {'fitted' if p.calibrated else 'prior'} parameters "
+           "([cost model](../../docs/cost-model.md)).", "", "**Recommendation**", ""]
     out += [f"- {line}" for line in rec.explanation]
     out += ["", "**Caveats**", ""] + [f"- {line}" for line in rec.caveats]
     if plot_name:
         out += ["", f"![tokens/s against draft length]({plot_name})"]
-    out += ["", "**All configurations** (best verifier and backend per draft, k and placement)",
-            "", _md_table(_HEADER, rows), "",
+    out += ["", "**All configurations** (buildable; best verifier and backend per draft, k "
+            "and placement)", "", md_table(_HEADER, rows), "",
             f"**Step breakdown of the recommendation** ({describe(rec.best.plan)})", "",
             breakdown_markdown(rec.best.estimate)]
     return "\n".join(out)
 
 
-def markdown_report(
-    out_dir: str | Path,
-    hardware: str = PCIE,
-    drafts: list[str] | None = None,
-    batch: int = 1,
-    context: int = 1024,
-    acceptance: dict[str, Acceptance] | None = None,
-    name: str = "costmodel-plan",
-    title: str | None = None,
-) -> str:
-    """Write ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the markdown.
-
-    ``acceptance`` maps draft names to measured acceptance (e.g. from a bench run) and
-    overrides the drafts' reported figures; drafts with neither are skipped.
-    """
-    from vllm_kimi_ext.costmodel.plot import plot_plan
-
+def markdown_report(out_dir: str | Path, hardware: str = PCIE, drafts: list[str] | None = None,
+                    batch: int = 1, context: int = 1024,
+                    acceptance: dict[str, Acceptance] | None = None,
+                    name: str = "costmodel-plan", title: str | None = None) -> str:
+    """Write ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the markdown. It
+    opens with the headline (:func:`~.headline.headline_markdown`). ``acceptance`` maps draft
+    names to measured acceptance and overrides the cards."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cm = CostModel.build(hardware)
@@ -296,7 +318,8 @@ def markdown_report(
         raise ValueError("no draft with an acceptance figure to report on")
     rec = recommend(cm, pairs, batch=batch, context=context)
     png = plot_plan(rec, out_dir / f"{name}.png")
-    text = f"# {title or 'Cost-model plan'}\n\n" + plan_markdown(cm, rec, png.name) + "\n"
+    text = (f"# {title or 'Cost-model plan'}\n\n**Headline** (README, docs/what-to-run.md):\n\n"
+            f"{headline_markdown()}\n\n" + plan_markdown(cm, rec, png.name) + "\n")
     (out_dir / f"{name}.md").write_text(text)
     return text
 
@@ -306,154 +329,131 @@ def markdown_report(
 # ---------------------------------------------------------------------------------------------
 
 
-def _spec_config(plan: Plan) -> str:
-    method = {"eagle3": "eagle3", "eagle3_mla": "eagle3", "mtp": "mtp",
-              "dflash": "dflash"}[plan.draft.kind]
-    return (f'{{"method": "{method}", "model": "{plan.draft.checkpoint}", '
-            f'"num_speculative_tokens": {plan.k}}}')
-
-
-def what_to_run_markdown() -> str:
-    cm = CostModel.build(PCIE)
-    cal = calibrate(CostModel.build(PCIE, params="prior"))
-    figures = ", ".join(f"{f.tokens_per_s:g}" for f in cm.hw.published)
-    pairs = drafts_with_acceptance()
-    headline = [(d, a) for d, a in pairs if d.name == HEADLINE_DRAFT]
-    rec = recommend(cm, headline, batch=1, context=1024)
-    best, stock = rec.best, rec.best_stock
-    placement = ("sharded over the 8 GPUs like the target" if best.plan.placement == "tp8"
-                 else "replicated on every GPU")
-    verifier = ("stock full-logits all-gather" if best.plan.verifier == "gather"
-                else "vocabulary-sharded")
-    out = [
-        "# What to run on 8x PCIe",
-        "",
-        "<!-- Generated by `python -m vllm_kimi_ext.costmodel.report --write-docs docs/`; "
-        "do not edit by hand. -->",
-        "",
-        "> **This is a model until the real box confirms it.** Every number below comes from "
-        "the decode cost model in `vllm_kimi_ext/costmodel` (see [cost-model.md]"
-        f"(cost-model.md)), calibrated on {len(cm.hw.published)} published no-speculation "
-        f"figures for 8x RTX PRO 6000 Blackwell ({figures} tok/s, fitted within "
-        f"{cal.max_in_sample_error:.0%}), a latency table synthesised from public "
-        "measurements, and the drafts' self-reported acceptance. Nothing here has been "
-        "measured on the target hardware with speculation; replace it with bench results as "
-        "soon as they exist. Options using the one-shot all-reduce inherit the model's "
-        f"{_pct(_row(cal, 'custom_oneshot').error)} error on the one figure measured with "
-        "such a kernel.",
-        "",
-        f"## Recommendation: {HEADLINE_DRAFT}, single stream",
-        "",
-        f"- **Draft** `{best.plan.draft.checkpoint}` with **k = {best.plan.k}** "
-        f"(`num_speculative_tokens`), draft **{best.plan.placement}** ({placement}), "
-        f"**{best.plan.vocab}** vocabulary.",
-        f"- **Verifier**: {verifier}; **all-reduce**: `{best.plan.backend}`.",
-        f"- Expected **{best.estimate.tokens_per_s:.0f} tok/s** per request "
-        f"(tau {best.estimate.tau:.2f} tokens per step, {best.estimate.step_s * 1e3:.1f} ms per "
-        f"step) vs **{rec.no_spec_stock.tokens_per_s:.0f} tok/s** for stock vLLM without "
-        f"speculation: **{rec.speedup_vs_stock:.2f}x**.",
-        f"- With stock vLLM 0.34 only: {describe(stock.plan)} -> "
-        f"**{stock.estimate.tokens_per_s:.0f} tok/s** "
-        f"({stock.estimate.tokens_per_s / rec.no_spec_stock.tokens_per_s:.2f}x):",
-        "",
-        "```bash",
-    ]
-    env = []
-    if stock.plan.backend == "flashinfer_pcie_ipc":
-        env.append("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 ")
-    out += [
-        f"{''.join(env)}vllm serve <Kimi-K2.5 checkpoint> --tensor-parallel-size 8 \\",
-        f"  --speculative-config '{_spec_config(stock.plan)}'",
-        "```",
-        "",
-        "Why (one change at a time from the recommendation):",
-        "",
-    ]
-    out += [f"- {line}" for line in rec.explanation[1:]]
-    out += ["", "## Every draft with a published acceptance figure", "",
-            "Single stream, context 1024, each draft's reported acceptance (default dataset).",
-            ""]
-    rows = []
-    for d, a in pairs:
-        r = recommend(cm, [(d, a)], batch=1, context=1024)
-        b, s = r.best, r.best_stock
-        spec_ok = b.plan.speculative
-        rows.append([
-            f"`{d.name}`", a.source.split(":")[0],
-            f"{b.plan.k}" if spec_ok else "0",
-            f"{b.plan.placement}/{b.plan.vocab}" if spec_ok else "-",
-            b.plan.verifier if spec_ok else "-", b.plan.backend,
-            f"{b.estimate.tau:.2f}", f"{b.estimate.tokens_per_s:.0f}",
-            f"{r.speedup_vs_stock:.2f}x",
-            f"{s.estimate.tokens_per_s:.0f} ({_short(s.plan)})",
-        ])
-    out.append(_md_table(["draft", "acceptance from", "k", "placement", "verifier",
-                          "all-reduce", "tau", "tok/s", "x stock no-spec",
-                          "stock vLLM only"], rows))
-    out += ["", "## Sensitivity of the headline", ""]
-    rows = []
-    hd = headline[0][0]
-    for ds in hd.datasets():
-        acc = from_draft_profile(hd.acceptance, ds)
-        r = recommend(cm, [(hd, acc)])
-        rows.append([f"acceptance from {ds}", _short(r.best.plan, acc),
-                     f"{r.best.estimate.tokens_per_s:.0f}", f"{r.speedup_vs_stock:.2f}x"])
-    for batch in (4, 16):
-        r = recommend(cm, headline, batch=batch)
-        rows.append([f"batch {batch} (aggregate tok/s)", _short(r.best.plan),
-                     f"{r.best.estimate.tokens_per_s:.0f}", f"{r.speedup_vs_stock:.2f}x"])
-    r = recommend(cm, headline, context=32768)
-    rows.append(["context 32768", _short(r.best.plan), f"{r.best.estimate.tokens_per_s:.0f}",
-                 f"{r.speedup_vs_stock:.2f}x"])
-    skewed = cm.with_model(dataclasses.replace(cm.model, routing_skew=4.0))
-    r = recommend(skewed, headline)
-    rows.append(["correlated routing (skew 4)", _short(r.best.plan),
-                 f"{r.best.estimate.tokens_per_s:.0f}", f"{r.speedup_vs_stock:.2f}x"])
-    slow = cm.with_latency(cm.latency.scaled(2.0))
-    r = recommend(slow, headline)
-    rows.append(["collective latencies x2", _short(r.best.plan),
-                 f"{r.best.estimate.tokens_per_s:.0f}", f"{r.speedup_vs_stock:.2f}x"])
-    r = recommend(cm, headline, backends=["nccl"])
-    rows.append(["NCCL only", _short(r.best.plan), f"{r.best.estimate.tokens_per_s:.0f}",
-                 f"{r.speedup_vs_stock:.2f}x"])
-    nv = CostModel.build(NVLINK)
-    r = recommend(nv, headline)
-    rows.append([f"`{NVLINK}` (uncalibrated priors)", _short(r.best.plan),
-                 f"{r.best.estimate.tokens_per_s:.0f}", f"{r.speedup_vs_stock:.2f}x"])
-    out.append(_md_table(["scenario", "recommended", "tok/s", "x stock no-spec"], rows))
-    out += ["", "Each row changes one thing from the headline; \"x stock no-spec\" compares with "
-            "stock vLLM without speculation (NCCL) under the same scenario."]
-    out += [
-        "",
-        "## What would change the answer",
-        "",
-        "- **The latency table** is synthesised from public anchors, not measured on this box; "
-        "the project's collective benchmark should replace it "
-        "(`vllm_kimi_ext/costmodel/profiles/latency/`).",
-        "- **Acceptance beyond the measured draft length** is extrapolated with a constant "
-        "per-position rate; measure per-position acceptance with vLLM and pass it with "
-        "`vllm-kimi-ext plan --acceptance r1,r2,...`.",
-        "- **Expert routing** is taken as uniform and independent (the pessimistic case for "
-        "speculation on a MoE target); a measured skew goes in the model profile.",
-        "- **Reduced-vocabulary rows** assume 97 % coverage of the target's tokens by a 32K head.",
-        "",
-        "Reproduce: `vllm-kimi-ext plan --hardware rtx-pro-6000-pcie-x8 --draft "
-        f"{HEADLINE_DRAFT} --out plan.png`.",
-    ]
-    return "\n".join(out) + "\n"
-
-
-def _row(cal, backend: str):
-    return next(r for r in cal.rows if r.quantity == "step_time" and backend in r.label)
-
-
-def _short(plan: Plan, acc: Acceptance | None = None) -> str:
+def _short(plan) -> str:
     if not plan.speculative:
         return f"no speculation ({plan.backend})"
-    text = f"k={plan.k} {plan.placement}/{plan.vocab}, {plan.verifier}, {plan.backend}"
-    if acc is not None and plan.k > acc.measured_positions:
-        text += f" (acceptance extrapolated beyond k={acc.measured_positions})"
-    return text
+    return f"k={plan.k} {plan.placement}/{plan.vocab}, {plan.verifier}, {plan.backend}"
+
+
+def _drafts_section(cm: CostModel) -> list[str]:
+    h = headline(cm) if cm.hw.name != PCIE else headline()
+    ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
+    rows = []
+    for name in list_profiles("drafts"):
+        d = load_draft(name)
+        band = band_for(d, ratio=ratio)
+        if band is None:
+            rows.append([f"`{name}`", d.raw.get("trained_for", "Kimi-K2.5"), "-", "-", "-",
+                         "-", "no acceptance published: pass --tau or --acceptance-from"])
+            continue
+        r = recommend_across_band(cm, d, band, batch=1, context=1024)
+        t, tau = r.robust_tps, r.robust_tau
+        needs = "; ".join(x.short or x.text for x in r.robust.requires) or "stock"
+        rows.append([f"`{name}`", d.raw.get("trained_for", "Kimi-K2.5")
+                     + (" (assumed band)" if band.card_is_assumed else ""),
+                     _short(r.robust.plan),
+                     f"{tau['low']:.2f} / {tau['card']:.2f} / {tau['high']:.2f}",
+                     f"{t['low']:.0f} / {t['card']:.0f} / {t['high']:.0f}",
+                     f"{t['card'] / h.no_spec_tps:.2f}x", needs])
+    return ["## Every draft across its acceptance band", "",
+            "Single stream, context 1024; per draft the configuration that loses least in its "
+            "worst scenario (low / card / high). Low is the lowest public field figure, or the "
+            f"card shrunk by the smallest field/card ratio measured on any draft ({ratio:.2f}); "
+            "high is the best of the card's datasets and field figures.", "",
+            md_table(["draft", "trained for", "robust choice", "tau low / card / high",
+                      "tok/s low / card / high", "x stock (card)", "needs"], rows), ""]
+
+
+def _sensitivity_rows(cm: CostModel, h) -> list[list[str]]:
+    d, band = h.draft, h.choice.band
+
+    def row(label: str, model: CostModel, batch: int = 1, context: int = 1024) -> list[str]:
+        try:
+            r = recommend_across_band(model, d, band, batch=batch, context=context)
+        except ValueError:
+            return [label, "nothing fits in memory", "-", "-"]
+        base = model.no_spec(batch=batch, context=context).tokens_per_s
+        t = r.robust_tps
+        return [label, _short(r.robust.plan), f"{t['low']:.0f} / {t['card']:.0f} / "
+                f"{t['high']:.0f}", f"{t['card'] / base:.2f}x"]
+
+    rows = [row("headline (batch 1, context 1024)", cm)]
+    rows += [row(f"context {c // 1024}k", cm, context=c) for c in (16384, 32768, 131072)]
+    rows += [row(f"batch {b} (aggregate tok/s)", cm, batch=b) for b in (4, 16, 64)]
+    for name, label in (("rtx-pro-6000-pcie-switch-x8", "a single-CPU PCIe-switch box"),
+                        ("rtx-pro-6000-broadcom-dual-x8", "the Broadcom-switch dual-socket box")):
+        rows.append(row(f"latency table of {label}", cm.with_latency(load_latency_table(name))))
+    rows.append(row("in-situ collective overhead x2", cm.with_params(dataclasses.replace(
+        cm.params, collective_overhead_us=2 * cm.params.collective_overhead_us))))
+    rows.append(row("uniform independent routing", cm.with_params(dataclasses.replace(
+        cm.params, routing_skew=1.0, expert_popularity=0.0))))
+    return rows
+
+
+def _levers_section(cm: CostModel, h) -> list[str]:
+    rows_by_draft = {h.draft.name: whatif.lever_table(cm, h.draft, h.choice.band)}
+    eagle = load_draft(EAGLE_REFERENCE)
+    if eagle.name != h.draft.name:
+        ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
+        rows_by_draft[eagle.name] = whatif.lever_table(cm, eagle, band_for(eagle, ratio=ratio))
+    out = ["## What-if: levers not built yet", "",
+           "Gain over the recommender's best buildable configuration at the same batch and "
+           "acceptance scenario (low / card / high), draft length re-optimised; '-' = does "
+           "not apply or does not fit. Levers this project already ships are listed last, "
+           "measured the same way.", ""]
+    for name, rows in rows_by_draft.items():
+        cells = []
+        for r in rows:
+            g = [" / ".join(pct(r.gains[b][s]) for s in ("low", "card", "high"))
+                 for b in whatif.BATCHES]
+            cells.append([r.lever.name, *g, r.lever.assumption, r.lever.takes])
+        out += [f"Draft `{name}`:", "",
+                md_table(["lever", *(f"batch {b}" for b in whatif.BATCHES), "assumption",
+                          "what it would take"], cells), ""]
+    head_rows = rows_by_draft[h.draft.name]
+    out += [f"![levers at batch 1]({IMG}/costmodel-levers.png)", "",
+            "## Ranking of the levers left", "",
+            f"By predicted gain at batch 1 with the headline draft's card acceptance "
+            f"(`{h.draft.name}`):", ""]
+    for i, r in enumerate([r for r in head_rows if not r.lever.built], start=1):
+        out.append(f"{i}. **{r.lever.name}**: {pct(r.gain(1, 'card'))} at batch 1 "
+                   f"({pct(r.gain(1, 'low'))} to {pct(r.gain(1, 'high'))} across the band), "
+                   f"{pct(r.gain(64, 'card'))} at batch 64. Rests on: {r.lever.assumption}.")
+    return out
+
+
+@functools.lru_cache(maxsize=4)  # deterministic over the shipped profiles
+def what_to_run_markdown() -> str:
+    cm = CostModel.build(PCIE)
+    rep = validate(cm)
+    h = headline()
+    n = {s: len(rep.split(s)) for s in SPLITS}
+    out = [
+        "# What to run on 8x PCIe", "",
+        "<!-- Generated by `python -m vllm_kimi_ext.costmodel.report --write-docs docs/`; "
+        "do not edit by hand. -->", "",
+        "> **A model, not a measurement of your box.** Every number below comes from the decode "
+        "cost model in `vllm_kimi_ext/costmodel` ([cost-model.md](cost-model.md)), fitted to "
+        f"{n['calibration']} public measurements of Kimi-K2.x on 8x RTX PRO 6000 (mean error "
+        f"{rep.mean_abs_error('calibration'):.1%}) and checked on {n['validation']} held-out "
+        f"ones (mean error {rep.mean_abs_error('validation'):.1%}; every miss above "
+        f"{ERROR_BOUND:.0%} is listed there with the mechanism the model lacks). Only "
+        "configurations buildable from stock vLLM 0.34.0 plus this project are recommended; "
+        "everything else is in the what-if table.", "",
+        "## Recommendation: single stream", "",
+        headline_markdown(h), "",
+    ]
+    out += _drafts_section(cm)
+    out += ["## Sensitivity of the headline", "",
+            f"The headline draft (`{h.draft.name}`) re-optimised under one change at a time; "
+            "tok/s across its band; 'x stock' compares with stock vLLM without speculation "
+            "under the same change.", "",
+            md_table(["change", "robust choice", "tok/s low / card / high", "x stock (card)"],
+                     _sensitivity_rows(cm, h)), ""]
+    out += _levers_section(cm, h)
+    out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (table, band, "
+            "explanation); `vllm-kimi-ext plan --validate` (the fit against every public point)."]
+    return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +470,10 @@ def _with_generated_block(text: str, name: str, block: str) -> str:
     return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
+_BLOCKS = {"calibration": calibration_markdown, "sources": sources_markdown,
+           "latency": latency_markdown, "anatomy": anatomy_markdown}
+
+
 def generated_docs(docs_dir: str | Path) -> dict[Path, str]:
     """{path: expected content} for the generated documents under ``docs_dir``."""
     docs_dir = Path(docs_dir)
@@ -477,19 +481,34 @@ def generated_docs(docs_dir: str | Path) -> dict[Path, str]:
     out = {docs_dir / "what-to-run.md": what_to_run_markdown()}
     if cost.exists():
         text = cost.read_text()
-        text = _with_generated_block(text, "anatomy", anatomy_markdown())
-        text = _with_generated_block(text, "calibration", calibration_markdown())
+        for name in GENERATED_BLOCKS:
+            text = _with_generated_block(text, name, _BLOCKS[name]())
         out[cost] = text
     return out
 
 
-def write_docs(docs_dir: str | Path) -> list[Path]:
+def write_images(img_dir: str | Path) -> list[Path]:
+    img_dir = Path(img_dir)
+    cm = CostModel.build(PCIE)
+    h = headline()
+    return [
+        plot_validation(validate(cm), img_dir / "costmodel-validation.png"),
+        plot_latency([load_latency_table(n) for n in list_profiles("latency")],
+                     img_dir / "costmodel-latency.png"),
+        plot_levers(whatif.lever_table(cm, h.draft, h.choice.band),
+                    img_dir / "costmodel-levers.png"),
+    ]
+
+
+def write_docs(docs_dir: str | Path, images: bool = True) -> list[Path]:
     written = []
     for path, text in generated_docs(docs_dir).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             written.append(path)
+    if images:
+        written += write_images(Path(docs_dir) / IMG)
     return written
 
 
@@ -503,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--write-docs", type=Path, metavar="DIR",
-                   help="regenerate what-to-run.md and the calibration block of cost-model.md")
+                   help="regenerate what-to-run.md, the generated blocks of cost-model.md "
+                        "and their PNGs (DIR/img)")
     g.add_argument("--check-docs", type=Path, metavar="DIR",
                    help="exit 1 if the generated documents under DIR are stale")
     g.add_argument("--report", type=Path, metavar="DIR",
