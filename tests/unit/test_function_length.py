@@ -20,8 +20,6 @@ REASON_PREFIX = "Long because:"
 # (which were split). Split them (or give the reason) and delete their entry: the
 # test fails on an entry that no longer names a long, unexplained function.
 ALLOW_LIST = {
-    "costmodel/recommend.py::explain",
-    "costmodel/report.py::what_to_run_markdown",
     "testing/checkpoints.py::write_tiny_eagle3",
     "testing/tokenizers.py::write_kimi_tokenizer",
     "verify/_triton_kernels.py::_stats_kernel",

@@ -38,7 +38,7 @@ def _plot_allreduce(table: dict, shipped: dict | None, path: Path) -> Path | Non
                         color=f"C{i}", alpha=0.15)
         if shipped and b in shipped["backends"]:
             sp = shipped["backends"][b]["ops"].get("allreduce", [])
-            ax.plot([x for x, _ in sp], [y for _, y in sp], ":", color=f"C{i}",
+            ax.plot([p[0] for p in sp], [p[1] for p in sp], ":", color=f"C{i}",
                     label=f"{b} (cost-model table)")
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -10,8 +10,11 @@ def needs_costmodel(caps: dict, ctx: Context) -> str | None:
 
 
 def run_costmodel(ctx: Context) -> Outcome:
+    from vllm_kimi_ext.costmodel.headline import headline_markdown
     from vllm_kimi_ext.costmodel.report import PCIE, markdown_report
 
+    # the same text as README.md's "What to run" section and docs/what-to-run.md
+    ctx.progress("headline (cost model, a forecast):\n" + headline_markdown())
     text = markdown_report(ctx.out, hardware=PCIE, name="costmodel-plan",
                            title="Cost-model plan: Kimi-K2.5 on 8x PCIe, TP=8")
     body = text.split("\n", 1)[1].strip()  # drop its title
