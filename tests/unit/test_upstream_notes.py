@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from vllm_kimi_ext.patchset import PATCH_DIR, REPO_ROOT, read_series
+from vllm_kimi_ext.patchset import VLLM_VERSION
+from vllm_kimi_ext.patchset import read_series as _read_series
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PATCH_DIR = REPO_ROOT / "patches" / f"vllm-{VLLM_VERSION}"
 NOTES = REPO_ROOT / "upstream-notes"
+
+
+def read_series():
+    return _read_series(PATCH_DIR)
 SECTIONS = ("## Purpose", "## Why not a plugin", "## Design", "## Test Plan",
             "## Test Result", "## Risks", "## Upgrade risk")
 FRONT = ("id", "patch", "targets", "upstream_status", "remove_when")
