@@ -347,6 +347,7 @@ def _describe_failure(out: str) -> str:
 def _am_series(tree: Path, entries: list[SeriesEntry], patch_dir: Path) -> None:
     """``git am`` each patch in order on the checked-out branch; raise naming the
     first that fails (the caller restores the baseline)."""
+    patch_dir = Path(patch_dir).resolve()  # git runs in the tree
     for i, e in enumerate(entries, 1):
         proc = git(tree, "am", "--quiet", "--keep-cr", "--keep-non-patch",
                    str(patch_dir / e.name), check=False)

@@ -376,3 +376,12 @@ def test_record_that_disagrees_with_the_files_is_refused(fake_vllm, tmp_path, mo
     assert not patchset.tree_is_applied(fake_vllm, patchset.read_series(v1))
     assert patchset.apply_series(fake_vllm, v1).changed
     assert compat.check_compat(version="0.34.0", tree=fake_vllm, expected=expected) == []
+
+
+def test_relative_patch_dir_is_resolved_before_git_runs_in_the_tree(fake_vllm, tmp_path,
+                                                                    monkeypatch):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33")])
+    monkeypatch.chdir(tmp_path)
+    assert patchset.check_series(fake_vllm, Path("patches"))
+    assert patchset.apply_series(fake_vllm, Path("patches")).changed
