@@ -8,7 +8,7 @@ in it. Activate it (``source .venv/bin/activate``) to run ``vllm serve``.
     nox -s apply-patches                      # fetch sdist, apply series, install
     nox -s apply-patches -- --vllm-src PATH   # use your own git checkout instead
     nox -s apply-patches -- --check           # dry run against the baseline
-    nox -s apply-patches -- --export          # fork branch commits -> patches/
+    nox -s apply-patches -- --export          # fork branch commits -> patches/ + series.json
     nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
     nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
     nox -s bench                              # what this machine can measure
@@ -38,6 +38,8 @@ nox.options.default_venv_backend = "none"
 ENV_DIR = Path(os.environ.get("VLLM_KIMI_EXT_ENV", ROOT / ".venv"))
 BUILD_DIR = ROOT / "build"
 DEFAULT_TREE = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}"
+PATCH_DIR = ROOT / "patches" / f"vllm-{patchset.VLLM_VERSION}"
+SHIPPED_SERIES = ROOT / "vllm_kimi_ext" / patchset.SHIPPED_SERIES  # package data
 TREE_POINTER = BUILD_DIR / "vllm-src"  # records which tree apply-patches used
 TORCH_PIN = "torch==2.13.0"  # vLLM 0.34.0 pins 2.14.0 for CUDA; 2.13.0 runs it on CPU
 TORCH_CUDA_PIN = "torch==2.14.0"  # requirements/cuda.txt of vLLM 0.34.0 (kernels built for it)
@@ -101,7 +103,8 @@ def apply_patches(session: nox.Session) -> None:
     parser.add_argument("--check", action="store_true",
                         help="dry-run the series against the baseline; change nothing")
     parser.add_argument("--export", action="store_true",
-                        help="regenerate patches/ from the fork branch commits")
+                        help="regenerate patches/ and vllm_kimi_ext/series.json from the "
+                        "fork branch commits")
     parser.add_argument("--no-install", action="store_true",
                         help="prepare the tree only")
     parser.add_argument("--precompiled-wheel",
@@ -119,15 +122,16 @@ def apply_patches(session: nox.Session) -> None:
                 sdist = patchset.fetch_sdist(BUILD_DIR / "cache")
                 patchset.create_tree_from_sdist(sdist, tree)
         if args.check:
-            names = patchset.check_series(tree)
+            names = patchset.check_series(tree, PATCH_DIR)
             session.log(f"--check: all {len(names)} patch(es) apply cleanly to "
                         f"{patchset.BASELINE_TAG}")
             return
         if args.export:
-            names = patchset.export_series(tree)
-            session.log(f"--export: {len(names)} patch(es) in {patchset.PATCH_DIR}")
+            names = patchset.export_series(tree, PATCH_DIR, SHIPPED_SERIES)
+            session.log(f"--export: {len(names)} patch(es) in {PATCH_DIR}, "
+                        f"record in {SHIPPED_SERIES}")
             return
-        result = patchset.apply_series(tree)
+        result = patchset.apply_series(tree, PATCH_DIR)
     except patchset.PatchSetError as exc:
         session.error(str(exc))
     BUILD_DIR.mkdir(exist_ok=True)

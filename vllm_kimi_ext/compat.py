@@ -2,25 +2,30 @@
 
 The plugin refuses to act on anything else, because its runtime patches and
 the git patch series are written against vLLM 0.34.0 symbols and line
-contexts. ``VLLM_KIMI_EXT_ALLOW_MISMATCH=1`` overrides the refusal (read at call
-time, so it works when set just before ``vllm serve``) and downgrades it to a
-warning — for bisecting, never for production.
+contexts. The expected series is package data (``vllm_kimi_ext/series.json``,
+written by ``nox -s apply-patches -- --export``), so the check works in any
+install; the applied series is the record ``apply-patches`` writes into the
+vLLM tree, and the files it lists are hashed again here, so a tree rolled back
+or edited after the record was written is refused too.
+
+``VLLM_KIMI_EXT_ALLOW_MISMATCH=1`` overrides the refusal (read at call time, so
+it works when set just before ``vllm serve``) and downgrades it to a warning —
+for bisecting, never for production.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 
 from vllm_kimi_ext import PINNED_VLLM_VERSION
 from vllm_kimi_ext.patchset import (
-    PATCH_DIR,
-    RECORD_RELPATH,
+    SHIPPED_SERIES,
     PatchSetError,
-    read_series,
-    series_record,
+    fingerprint_files,
+    read_record,
 )
 
 ALLOW_MISMATCH_ENV = "VLLM_KIMI_EXT_ALLOW_MISMATCH"
@@ -52,22 +57,34 @@ def vllm_tree() -> Path | None:
     return Path(spec.origin).resolve().parent.parent
 
 
-def expected_record(patch_dir: Path = PATCH_DIR) -> dict | None:
-    """The series this package ships, or None when installed without its
-    ``patches/`` directory (non-editable install)."""
-    if not (patch_dir / "series").is_file():
-        return None
-    return series_record(read_series(patch_dir))
+def expected_record() -> dict:
+    """The record of the series this package ships (package data)."""
+    where = f"vllm_kimi_ext/{SHIPPED_SERIES}"
+    try:
+        data = json.loads(resources.files("vllm_kimi_ext").joinpath(SHIPPED_SERIES).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PatchSetError(f"{where}: unreadable ({exc}); reinstall vllm-kimi-ext") from exc
+    if not (isinstance(data, dict) and isinstance(data.get("series"), list)
+            and isinstance(data.get("digest"), str) and isinstance(data.get("files"), dict)):
+        raise PatchSetError(f"{where}: expected an object with 'series', 'digest' and "
+                            "'files'; regenerate it with `nox -s apply-patches -- --export`")
+    return data
 
 
 def applied_record(tree: Path | None = None) -> dict | None:
+    """The applied-series record in ``tree`` (default: the imported vLLM's)."""
     tree = tree or vllm_tree()
-    if tree is None:
+    return None if tree is None else read_record(tree)
+
+
+def files_disagreeing(tree: Path, applied: dict) -> list[str] | None:
+    """Files the record lists whose content on disk differs from the sha256
+    recorded when the series was applied (None: the record lists no files)."""
+    files = applied.get("files")
+    if not isinstance(files, dict):
         return None
-    path = tree / RECORD_RELPATH
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
+    now = fingerprint_files(tree, files)
+    return [path for path, sha in files.items() if now[path] != sha]
 
 
 def describe_series_difference(expected: dict, applied: dict | None) -> str:
@@ -88,11 +105,40 @@ def describe_series_difference(expected: dict, applied: dict | None) -> str:
     return "; ".join(parts) or "records differ"
 
 
+def _series_problem(expected: dict, tree: Path | None) -> str | None:
+    """Why the tree does not hold exactly the expected series, or None."""
+    fix = "; run `nox -s apply-patches`"
+    try:
+        applied = applied_record(tree)
+    except PatchSetError as exc:
+        return f"{exc}{fix}"
+    if applied is None or applied.get("digest") != expected["digest"]:
+        return "patch series mismatch — " + describe_series_difference(expected, applied) + fix
+    tree = tree or vllm_tree()
+    differing = files_disagreeing(tree, applied)
+    if differing is None:
+        return (f"the applied-series record in {tree} lists no file fingerprints (written by "
+                f"an older apply-patches){fix}")
+    if differing:
+        shown = ", ".join(differing[:3]) + (" …" if len(differing) > 3 else "")
+        return (f"the applied-series record in {tree} disagrees with its files: "
+                f"{len(differing)} of {len(applied['files'])} patched file(s) differ from "
+                f"what was recorded when the series was applied ({shown}); the tree was "
+                f"rolled back or edited{fix}")
+    if applied["files"] != expected["files"]:
+        changed = sorted(set(applied["files"].items()) ^ set(expected["files"].items()))
+        names = ", ".join(dict.fromkeys(path for path, _ in changed))
+        return f"patched files differ from this package's series: {names}{fix}"
+    return None
+
+
 def check_compat(*, version: str | None = None, tree: Path | None = None,
-                 patch_dir: Path = PATCH_DIR) -> list[str]:
+                 expected: dict | None = None) -> list[str]:
     """Raise :class:`CompatError` unless vLLM is 0.34.0 with exactly our series.
 
-    Returns the list of problems that were overridden (empty when all is well).
+    ``tree`` defaults to the imported vLLM's source tree and ``expected`` to
+    this package's series (:func:`expected_record`). Returns the list of
+    problems that were overridden (empty when all is well).
     """
     problems = []
     version = version if version is not None else installed_vllm_version()
@@ -102,16 +148,12 @@ def check_compat(*, version: str | None = None, tree: Path | None = None,
         problems.append(f"vLLM {PINNED_VLLM_VERSION} required, found {version}")
     else:
         try:
-            expected = expected_record(patch_dir)
+            expected = expected if expected is not None else expected_record()
         except PatchSetError as exc:
-            expected = None
             problems.append(f"this package's patch series is unreadable: {exc}")
-        if expected is not None:
-            applied = applied_record(tree)
-            if applied is None or applied.get("digest") != expected["digest"]:
-                problems.append("patch series mismatch — "
-                                + describe_series_difference(expected, applied)
-                                + "; run `nox -s apply-patches`")
+        else:
+            if problem := _series_problem(expected, tree):
+                problems.append(problem)
     if problems and not allow_mismatch():
         raise CompatError("vllm-kimi-ext refuses to start: " + " | ".join(problems)
                           + f" (set {ALLOW_MISMATCH_ENV}=1 to override)")

@@ -3,19 +3,33 @@
 Standard library only: ``noxfile.py`` imports this before vLLM (or torch)
 exists in any environment.
 
+Two kinds of functions live here:
+
+* Repository operations (fetching, applying, checking, exporting) take every
+  path explicitly; ``noxfile.py`` passes the repository's ``patches/`` folder
+  and ``vllm_kimi_ext/series.json``. Nothing here reads outside the installed
+  package by itself.
+* The series record, shared with the plugin's pin check
+  (:mod:`vllm_kimi_ext.compat`): :func:`series_record` and
+  :func:`fingerprint_files`.
+
 Layout of a prepared tree (default ``build/vllm-0.34.0``)::
 
     <tree>/.git            baseline commit tagged v0.34.0 (the untouched source)
                            branch kimi-ext = baseline + one commit per patch (git am)
     <tree>/vllm/_kimi_ext_series.json   the applied-series record (git-ignored)
 
-The record lists the series in order with each patch file's sha256; the plugin
-compares it with the series shipped in this package (:mod:`vllm_kimi_ext.compat`)
-and refuses to run on a tree that differs.
+The record lists the series in order with each patch file's sha256, and the
+sha256 of every file the series touches as it was on disk right after the
+series was applied. ``vllm_kimi_ext/series.json`` (package data, written by
+``--export``) holds the same for the series this package ships; the plugin
+refuses a tree whose record differs from it or whose files differ from its
+record.
 
-Every operation that changes the tree is atomic: on any failure the branch is
-reset to the baseline and no record is written, so a tree is either at the
-baseline or fully patched.
+Every operation that changes the tree is atomic: the record is removed before
+the tree is touched and written (atomically) only after the last patch
+applied, so an interrupted or failed run leaves no record, and on a failure
+the branch is reset to the baseline.
 """
 
 from __future__ import annotations
@@ -39,8 +53,8 @@ SDIST_SHA256 = "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
 BASELINE_TAG = f"v{VLLM_VERSION}"
 FORK_BRANCH = "kimi-ext"
 RECORD_RELPATH = "vllm/_kimi_ext_series.json"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PATCH_DIR = REPO_ROOT / "patches" / f"vllm-{VLLM_VERSION}"
+#: Package data: the record of the series this package ships (see the module docstring).
+SHIPPED_SERIES = "series.json"
 # Fixed identity and dates make the baseline commit reproducible (same hash
 # on every machine), which keeps exported patches byte-stable.
 _GIT_ENV = {
@@ -72,9 +86,9 @@ class SeriesEntry:
     sha256: str
 
 
-def read_series(patch_dir: Path = PATCH_DIR) -> list[SeriesEntry]:
+def read_series(patch_dir: Path) -> list[SeriesEntry]:
     """Patches listed in ``series`` (comments and blank lines ignored), hashed."""
-    series = patch_dir / "series"
+    series = Path(patch_dir) / "series"
     if not series.is_file():
         raise PatchSetError(f"no series file at {series}")
     out = []
@@ -82,7 +96,7 @@ def read_series(patch_dir: Path = PATCH_DIR) -> list[SeriesEntry]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        path = patch_dir / line
+        path = Path(patch_dir) / line
         if not path.is_file():
             raise PatchSetError(f"{series}:{lineno}: listed patch {line!r} does not exist")
         out.append(SeriesEntry(line, hashlib.sha256(path.read_bytes()).hexdigest()))
@@ -92,13 +106,26 @@ def read_series(patch_dir: Path = PATCH_DIR) -> list[SeriesEntry]:
     return out
 
 
-def series_record(entries: list[SeriesEntry]) -> dict:
+def series_record(entries: list[SeriesEntry], files: dict[str, str | None]) -> dict:
+    """The record of a series: patches in order with their sha256, a digest of
+    that list, and ``files`` (path -> sha256 of each file the series touches
+    once applied; None for a file the series deletes)."""
     return {
         "vllm_version": VLLM_VERSION,
         "series": [dataclasses.asdict(e) for e in entries],
         "digest": hashlib.sha256(
             "\n".join(f"{e.name} {e.sha256}" for e in entries).encode()).hexdigest(),
+        "files": dict(sorted(files.items())),
     }
+
+
+def fingerprint_files(tree: Path, paths) -> dict[str, str | None]:
+    """sha256 of each file under ``tree`` (None when it does not exist)."""
+    out: dict[str, str | None] = {}
+    for rel in paths:
+        path = Path(tree) / rel
+        out[rel] = sha256_file(path) if path.is_file() else None
+    return out
 
 
 def read_record(tree: Path) -> dict | None:
@@ -106,9 +133,25 @@ def read_record(tree: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        rec = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PatchSetError(f"corrupt series record {path}: {exc}") from exc
+    series = rec.get("series") if isinstance(rec, dict) else None
+    if not (isinstance(series, list) and all(
+            isinstance(e, dict) and {"name", "sha256"} <= set(e) for e in series)):
+        raise PatchSetError(f"corrupt series record {path}: expected an object whose "
+                            "'series' lists {name, sha256} entries")
+    return rec
+
+
+def _write_json_atomically(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _remove_record(tree: Path) -> None:
+    (Path(tree) / RECORD_RELPATH).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -116,15 +159,17 @@ def read_record(tree: Path) -> dict | None:
 # --------------------------------------------------------------------------- #
 
 
-def git(tree: Path, *args: str, check: bool = True, env: dict | None = None
-        ) -> subprocess.CompletedProcess:
+def git(tree: Path, *args: str, check: bool = True, env: dict | None = None,
+        binary: bool = False) -> subprocess.CompletedProcess:
+    """Run git in ``tree``; ``binary=True`` keeps stdout as bytes."""
     full_env = {**os.environ, **_GIT_ENV, **(env or {})}
     proc = subprocess.run(
         ["git", "-c", f"safe.directory={Path(tree).resolve()}", "-c", "core.autocrlf=false",
          "-c", "gc.auto=0", "-C", str(tree), *args],
-        capture_output=True, text=True, env=full_env)
+        capture_output=True, text=not binary, env=full_env)
     if check and proc.returncode != 0:
-        raise PatchSetError(f"git {' '.join(args)} failed in {tree}:\n{proc.stderr.strip()}")
+        err = proc.stderr.decode(errors="replace") if binary else proc.stderr
+        raise PatchSetError(f"git {' '.join(args)} failed in {tree}:\n{err.strip()}")
     return proc
 
 
@@ -302,6 +347,7 @@ def _describe_failure(out: str) -> str:
 def _am_series(tree: Path, entries: list[SeriesEntry], patch_dir: Path) -> None:
     """``git am`` each patch in order on the checked-out branch; raise naming the
     first that fails (the caller restores the baseline)."""
+    patch_dir = Path(patch_dir).resolve()  # git runs in the tree
     for i, e in enumerate(entries, 1):
         proc = git(tree, "am", "--quiet", "--keep-cr", "--keep-non-patch",
                    str(patch_dir / e.name), check=False)
@@ -311,20 +357,25 @@ def _am_series(tree: Path, entries: list[SeriesEntry], patch_dir: Path) -> None:
             raise PatchSetError(f"patch {i}/{len(entries)} {e.name} does not apply: {detail}")
 
 
+def _touched(tree: Path, rev: str = "HEAD") -> list[str]:
+    """Files the commits ``BASELINE_TAG..rev`` add, change or delete."""
+    return git(tree, "diff", "--name-only", "--no-renames", f"{BASELINE_TAG}..{rev}"
+               ).stdout.splitlines()
+
+
 def _reset_to_baseline(tree: Path) -> None:
+    _remove_record(tree)  # first: an interruption below must not leave it behind
     git(tree, "am", "--abort", check=False)
     git(tree, "checkout", "-q", "-f", "-B", FORK_BRANCH, BASELINE_TAG)
     git(tree, "clean", "-q", "-fd")
-    rec = tree / RECORD_RELPATH
-    if rec.exists():
-        rec.unlink()
 
 
 def tree_is_applied(tree: Path, entries: list[SeriesEntry]) -> bool:
-    """True when the record matches the series and the branch is exactly
-    baseline + one commit per patch with a clean work tree."""
+    """True when the record matches the series and the files on disk, and the
+    branch is exactly baseline + one commit per patch with the patched files
+    untouched."""
     rec = read_record(tree)
-    if rec is None or rec.get("digest") != series_record(entries)["digest"]:
+    if rec is None or rec.get("digest") != series_record(entries, {})["digest"]:
         return False
     head = git(tree, "rev-parse", "--abbrev-ref", "HEAD", check=False).stdout.strip()
     if head != FORK_BRANCH:
@@ -335,14 +386,22 @@ def tree_is_applied(tree: Path, entries: list[SeriesEntry]) -> bool:
     # Local edits to files the series touches mean the tree is not the series.
     # Other tracked files may legitimately differ: the editable build rewrites
     # generated ones such as vllm/_version.py.
-    touched = git(tree, "diff", "--name-only", f"{BASELINE_TAG}..HEAD").stdout.split()
+    touched = _touched(tree)
+    if rec.get("files") != fingerprint_files(tree, touched):
+        return False
     if not touched:
         return True
     dirty = git(tree, "status", "--porcelain", "--untracked-files=no", "--", *touched)
     return not dirty.stdout.strip()
 
 
-def apply_series(tree: Path, patch_dir: Path = PATCH_DIR) -> ApplyResult:
+def _record_applied(tree: Path, entries: list[SeriesEntry]) -> None:
+    """Write the record of ``entries`` with the patched files as they are now."""
+    _write_json_atomically(Path(tree) / RECORD_RELPATH,
+                           series_record(entries, fingerprint_files(tree, _touched(tree))))
+
+
+def apply_series(tree: Path, patch_dir: Path) -> ApplyResult:
     """Bring ``tree`` to baseline + series. Idempotent and atomic."""
     entries = read_series(patch_dir)
     if tree_is_applied(tree, entries):
@@ -354,13 +413,13 @@ def apply_series(tree: Path, patch_dir: Path = PATCH_DIR) -> ApplyResult:
     except BaseException:
         _reset_to_baseline(tree)
         raise
-    (tree / RECORD_RELPATH).write_text(json.dumps(series_record(entries), indent=2) + "\n")
+    _record_applied(tree, entries)
     for e in entries:
         _progress(f"applied {e.name}")
     return ApplyResult(True, [e.name for e in entries])
 
 
-def check_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
+def check_series(tree: Path, patch_dir: Path) -> list[str]:
     """Dry run: apply the series in a throw-away worktree at the baseline."""
     entries = read_series(patch_dir)
     scratch = Path(tempfile.mkdtemp(prefix="kimi-ext-check-"))
@@ -375,11 +434,32 @@ def check_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def export_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
-    """Regenerate the patch files and ``series`` from the fork branch commits.
+def _fingerprint_rev(tree: Path, rev: str) -> dict[str, str | None]:
+    """Like :func:`fingerprint_files` for the files ``BASELINE_TAG..rev``
+    touches, read from the commit instead of the work tree."""
+    out: dict[str, str | None] = {}
+    for rel in _touched(tree, rev):
+        proc = git(tree, "cat-file", "blob", f"{rev}:{rel}", check=False, binary=True)
+        out[rel] = hashlib.sha256(proc.stdout).hexdigest() if proc.returncode == 0 else None
+    return out
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    if not path.exists() or path.read_bytes() != data:
+        path.write_bytes(data)
+        _progress(f"wrote {path}")
+
+
+def export_series(tree: Path, patch_dir: Path, shipped_series: Path) -> list[str]:
+    """Regenerate the patch files, ``series`` and the package's series record
+    (``shipped_series``, i.e. ``vllm_kimi_ext/series.json``) from the fork
+    branch commits.
 
     Files are written only when their content changes, so exporting an
-    unmodified branch is a no-op (the round trip is byte-stable).
+    unmodified branch is a no-op (the round trip is byte-stable). The tree's
+    own record is rewritten when the tree has the fork branch checked out
+    (from the files on disk, so local edits show as a mismatch), and removed
+    otherwise.
     """
     n = int(git(tree, "rev-list", "--count", f"{BASELINE_TAG}..{FORK_BRANCH}").stdout)
     scratch = Path(tempfile.mkdtemp(prefix="kimi-ext-export-"))
@@ -393,24 +473,22 @@ def export_series(tree: Path, patch_dir: Path = PATCH_DIR) -> list[str]:
         patch_dir.mkdir(parents=True, exist_ok=True)
         old = {p.name for p in patch_dir.glob("*.patch")}
         for name in produced:
-            new = (scratch / name).read_bytes()
-            dest = patch_dir / name
-            if not dest.exists() or dest.read_bytes() != new:
-                dest.write_bytes(new)
-                shown = dest.relative_to(REPO_ROOT) if dest.is_relative_to(REPO_ROOT) else dest
-                _progress(f"wrote {shown}")
+            _write_if_changed(patch_dir / name, (scratch / name).read_bytes())
         for stale in sorted(old - set(produced)):
             (patch_dir / stale).unlink()
             _progress(f"removed {stale} (no longer on {FORK_BRANCH})")
-        series = patch_dir / "series"
         header = "# vLLM 0.34.0 patch series, applied in order with `git am`.\n" \
                  "# Regenerate with `nox -s apply-patches -- --export`.\n"
-        text = header + "".join(f"{name}\n" for name in produced)
-        if not series.exists() or series.read_text() != text:
-            series.write_text(text)
-        # the tree now holds exactly this series
-        (tree / RECORD_RELPATH).write_text(
-            json.dumps(series_record(read_series(patch_dir)), indent=2) + "\n")
+        _write_if_changed(patch_dir / "series",
+                          (header + "".join(f"{name}\n" for name in produced)).encode())
+        entries = read_series(patch_dir)
+        shipped = series_record(entries, _fingerprint_rev(tree, FORK_BRANCH))
+        _write_if_changed(shipped_series, (json.dumps(shipped, indent=2) + "\n").encode())
+        head = git(tree, "rev-parse", "--abbrev-ref", "HEAD", check=False).stdout.strip()
+        if head == FORK_BRANCH:
+            _record_applied(tree, entries)
+        else:
+            _remove_record(tree)
         return produced
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,36 +1,40 @@
 """The shipped patch series applies to the real vLLM 0.34.0 baseline (dry run in a
-scratch worktree; the prepared tree is not touched)."""
+scratch worktree; the tree is not touched), and the vLLM tree this environment
+imports carries exactly that series, as the plugin's pin check sees it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from vllm_kimi_ext import patchset
+from vllm_kimi_ext import compat, patchset
 
 pytestmark = pytest.mark.canary
 
-
-def _prepared_tree():
-    pointer = patchset.REPO_ROOT / "build" / "vllm-src"
-    tree = patchset.REPO_ROOT / "build" / f"vllm-{patchset.VLLM_VERSION}"
-    if pointer.exists():
-        from pathlib import Path
-
-        tree = Path(pointer.read_text().strip())
-    return tree
+REPO = Path(__file__).resolve().parents[2]
+PATCH_DIR = REPO / "patches" / f"vllm-{patchset.VLLM_VERSION}"
 
 
-def test_series_dry_runs_cleanly_against_baseline():
-    tree = _prepared_tree()
-    if not (tree / ".git").exists():
-        pytest.skip("no prepared vLLM tree (nox -s apply-patches)")
-    names = patchset.check_series(tree)
-    assert names == [e.name for e in patchset.read_series()]
+@pytest.fixture(scope="module")
+def tree() -> Path:
+    """The git tree of the vLLM this environment imports (an editable install
+    made by `nox -s apply-patches`, or a checkout first on PYTHONPATH)."""
+    found = compat.vllm_tree()
+    if found is None or not (found / ".git").exists():
+        pytest.skip("the imported vLLM is not a git tree (nox -s apply-patches)")
+    return found
 
 
-def test_prepared_tree_carries_the_current_series():
-    tree = _prepared_tree()
-    if not (tree / ".git").exists():
-        pytest.skip("no prepared vLLM tree (nox -s apply-patches)")
-    assert patchset.tree_is_applied(tree, patchset.read_series()), \
-        "the prepared tree is stale: run `nox -s apply-patches`"
+def test_series_dry_runs_cleanly_against_baseline(tree):
+    names = patchset.check_series(tree, PATCH_DIR)
+    assert names == [e.name for e in patchset.read_series(PATCH_DIR)]
+
+
+def test_imported_tree_carries_the_current_series(tree):
+    assert patchset.tree_is_applied(tree, patchset.read_series(PATCH_DIR)), \
+        f"{tree} is stale: run `nox -s apply-patches`"
+    shipped = json.loads((REPO / "vllm_kimi_ext" / patchset.SHIPPED_SERIES).read_text())
+    assert patchset.read_record(tree) == shipped
+    assert compat.check_compat(tree=tree) == []

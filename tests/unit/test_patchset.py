@@ -7,12 +7,17 @@ failure mode is provoked on a repo small enough to build in milliseconds.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext import patchset
+from vllm_kimi_ext import compat, patchset
 from vllm_kimi_ext.patchset import PatchSetError
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH_DIR = REPO / "patches" / f"vllm-{patchset.VLLM_VERSION}"
+SHIPPED = REPO / "vllm_kimi_ext" / patchset.SHIPPED_SERIES
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -21,16 +26,22 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture()
 def fake_vllm(tmp_path: Path) -> Path:
-    """A git repo shaped like a vLLM checkout, tagged v0.34.0."""
+    """A git repo laid out like a real vLLM checkout, tagged v0.34.0: it has
+    vLLM's kind of .gitignore and has been through ``check_user_tree`` (as
+    ``--vllm-src`` does), so the series record is *ignored* by git, as in a
+    real tree — ``git clean`` does not remove it, only the tooling can."""
     repo = tmp_path / "vllm-src"
     (repo / "vllm").mkdir(parents=True)
     (repo / "vllm" / "__init__.py").write_text("__version__ = '0.34.0'\n")
     (repo / "vllm" / "config.py").write_text(
         "".join(f"line_{i} = {i}\n" for i in range(40)))
+    (repo / ".gitignore").write_text("/vllm/_version.py\n__pycache__/\n*.so\n")
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "baseline")
     _git(repo, "tag", patchset.BASELINE_TAG)
+    patchset.check_user_tree(repo)
+    assert _git(repo, "check-ignore", patchset.RECORD_RELPATH) == patchset.RECORD_RELPATH
     return repo
 
 
@@ -66,7 +77,8 @@ def test_apply_is_idempotent_and_records_the_series(fake_vllm, tmp_path):
     # authorship and messages survive git am
     assert _git(fake_vllm, "log", "--format=%s", "-2").splitlines() == ["[B] second", "[A] first"]
     record = json.loads((fake_vllm / patchset.RECORD_RELPATH).read_text())
-    assert record == patchset.series_record(patchset.read_series(pdir))
+    assert record == patchset.series_record(
+        patchset.read_series(pdir), patchset.fingerprint_files(fake_vllm, ["vllm/config.py"]))
     head = _git(fake_vllm, "rev-parse", "HEAD")
     again = patchset.apply_series(fake_vllm, pdir)
     assert not again.changed and _git(fake_vllm, "rev-parse", "HEAD") == head
@@ -115,17 +127,20 @@ def test_check_passes_without_touching_the_tree(fake_vllm, tmp_path):
 def test_export_round_trips_byte_stable_and_follows_edits(fake_vllm, tmp_path):
     pdir = tmp_path / "patches"
     _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33")])
+    shipped = tmp_path / "series.json"
     patchset.apply_series(fake_vllm, pdir)
-    patchset.export_series(fake_vllm, pdir)  # normalise to the exporter's format
+    patchset.export_series(fake_vllm, pdir, shipped)  # normalise to the exporter's format
     before = {p.name: p.read_bytes() for p in pdir.iterdir()}
-    patchset.export_series(fake_vllm, pdir)
+    patchset.export_series(fake_vllm, pdir, shipped)
     assert {p.name: p.read_bytes() for p in pdir.iterdir()} == before  # byte-stable
+    # the package's record is the tree's record
+    assert json.loads(shipped.read_text()) == patchset.read_record(fake_vllm)
     assert not patchset.apply_series(fake_vllm, pdir).changed  # tree still matches
     # edit the fork branch: amend the commit, export, re-apply from scratch
     cfg = fake_vllm / "vllm" / "config.py"
     cfg.write_text(cfg.read_text().replace("line_3 = 33", "line_3 = 333"))
     _git(fake_vllm, "commit", "-q", "-a", "--amend", "--no-edit")
-    patchset.export_series(fake_vllm, pdir)
+    patchset.export_series(fake_vllm, pdir, shipped)
     (patch,) = pdir.glob("0001-*.patch")
     assert "+line_3 = 333" in patch.read_text()
     _git(fake_vllm, "checkout", "-q", "-f", patchset.BASELINE_TAG)
@@ -191,10 +206,10 @@ def test_sdist_tree_is_created_atomically(tmp_path):
 
 
 def test_shipped_series_is_well_formed():
-    entries = patchset.read_series()
+    entries = patchset.read_series(PATCH_DIR)
     assert entries, "the series must hold at least one patch"
     for e in entries:
-        text = (patchset.PATCH_DIR / e.name).read_text()
+        text = (PATCH_DIR / e.name).read_text()
         assert text.startswith("From 0000000000000000000000000000000000000000"), \
             f"{e.name} is not a `git format-patch --zero-commit` file"
         assert "Signed-off-by:" in text, f"{e.name} lacks a DCO sign-off"
@@ -239,3 +254,134 @@ def test_edits_to_patched_files_make_the_tree_stale_but_build_outputs_do_not(fak
     assert not patchset.tree_is_applied(fake_vllm, entries)
     assert patchset.apply_series(fake_vllm, pdir).changed  # re-applied from the baseline
     assert "local_hack" not in cfg.read_text()
+
+
+# --------------------------------------------------------------------------- #
+# The package's series record and interrupted runs                              #
+# --------------------------------------------------------------------------- #
+
+
+def test_package_series_record_matches_the_patches_folder():
+    """vllm_kimi_ext/series.json (what the plugin's pin check reads) is the
+    record of exactly the series in patches/: regenerate with --export."""
+    shipped = json.loads(SHIPPED.read_text())
+    entries = patchset.read_series(PATCH_DIR)
+    assert shipped["series"] == [{"name": e.name, "sha256": e.sha256} for e in entries], \
+        "vllm_kimi_ext/series.json is stale: run `nox -s apply-patches -- --export`"
+    assert shipped["digest"] == patchset.series_record(entries, {})["digest"]
+    assert shipped["vllm_version"] == patchset.VLLM_VERSION
+    touched = set()
+    for e in entries:
+        for a, b in re.findall(r"^diff --git a/(\S+) b/(\S+)$",
+                               (PATCH_DIR / e.name).read_text(), re.M):
+            touched |= {a, b}
+    assert set(shipped["files"]) == touched
+    assert all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha in shipped["files"].values())
+    assert compat.expected_record() == shipped  # the installed package data is this file
+
+
+def _series_v1_v2(repo: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Two series for the same tree: v1 (two patches), v2 (v1 + a third)."""
+    v2 = tmp_path / "v2"
+    _make_patches(repo, v2, [("[A] first", "line_3 = 3", "line_3 = 33"),
+                             ("[B] second", "line_20 = 20", "line_20 = 2000"),
+                             ("[C] third", "line_30 = 30", "line_30 = 300")])
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    names = sorted(p.name for p in v2.glob("*.patch"))[:2]
+    for name in names:
+        (v1 / name).write_bytes((v2 / name).read_bytes())
+    (v1 / "series").write_text("\n".join(names) + "\n")
+    return v1, v2
+
+
+def _expected(tree: Path, patch_dir: Path, tmp_path: Path) -> dict:
+    """The package record of ``patch_dir`` (what --export would ship)."""
+    patchset.apply_series(tree, patch_dir)
+    out = tmp_path / f"{patch_dir.name}.json"
+    patchset.export_series(tree, patch_dir, out)
+    return json.loads(out.read_text())
+
+
+def _kill_during(tmp_path: Path, tree: Path, patch_dir: Path, git_step: str) -> int:
+    """Run apply_series in a child process whose ``git`` SIGKILLs the child
+    when called with arguments containing ``git_step``; returns its exit code."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shim = tmp_path / "shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "git").write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *"{git_step}"*) kill -9 $PPID; sleep 5;; esac\n'
+        f'exec {shutil.which("git")} "$@"\n')
+    (shim / "git").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(Path(patchset.__file__).resolve().parents[1])}
+    code = ("import sys; from pathlib import Path; from vllm_kimi_ext import patchset; "
+            "patchset.apply_series(Path(sys.argv[1]), Path(sys.argv[2]))")
+    return subprocess.run([sys.executable, "-c", code, str(tree), str(patch_dir)], env=env,
+                          capture_output=True, timeout=120).returncode
+
+
+@pytest.mark.parametrize("git_step", ["0002-", "checkout -q -f -B"],
+                         ids=["between-patches", "during-rollback-to-baseline"])
+def test_interrupted_reapply_leaves_no_record_and_compat_refuses(fake_vllm, tmp_path,
+                                                                 monkeypatch, git_step):
+    """A re-apply killed (SIGKILL: no cleanup runs) between two `git am` steps,
+    or while the tree is being reset to the baseline, leaves no series record:
+    the plugin's pin check then refuses the tree for either package version."""
+    monkeypatch.delenv(compat.ALLOW_MISMATCH_ENV, raising=False)
+    v1, v2 = _series_v1_v2(fake_vllm, tmp_path)
+    expected_v2 = _expected(fake_vllm, v2, tmp_path)
+    expected_v1 = _expected(fake_vllm, v1, tmp_path)  # tree now holds v1, recorded
+    assert compat.check_compat(version="0.34.0", tree=fake_vllm, expected=expected_v1) == []
+    assert _kill_during(tmp_path, fake_vllm, v2, git_step) == -9
+    if git_step == "0002-":  # killed mid-series: patch 1 of v2 is in, 2 and 3 are not
+        assert "line_3 = 33" in (fake_vllm / "vllm/config.py").read_text()
+        assert "line_20 = 2000" not in (fake_vllm / "vllm/config.py").read_text()
+    assert not (fake_vllm / patchset.RECORD_RELPATH).exists()
+    for expected in (expected_v1, expected_v2):
+        with pytest.raises(compat.CompatError, match="no applied-series record"):
+            compat.check_compat(version="0.34.0", tree=fake_vllm, expected=expected)
+    # the next run recovers
+    assert patchset.apply_series(fake_vllm, v2).changed
+    assert compat.check_compat(version="0.34.0", tree=fake_vllm, expected=expected_v2) == []
+
+
+def test_failing_patch_on_reapply_removes_the_ignored_record(fake_vllm, tmp_path):
+    v1, v2 = _series_v1_v2(fake_vllm, tmp_path)
+    patchset.apply_series(fake_vllm, v1)
+    third = sorted(v2.glob("0003-*.patch"))[0]
+    third.write_text(third.read_text().replace(" line_29 = 29", " line_29 = twenty-nine"))
+    with pytest.raises(PatchSetError, match="patch 3/3"):
+        patchset.apply_series(fake_vllm, v2)
+    assert _at_baseline(fake_vllm)
+
+
+def test_record_that_disagrees_with_the_files_is_refused(fake_vllm, tmp_path, monkeypatch):
+    """Files rolled back behind the tooling's back (the ignored record survives
+    a `git checkout`): the record says applied, the files are stock."""
+    monkeypatch.delenv(compat.ALLOW_MISMATCH_ENV, raising=False)
+    v1, _ = _series_v1_v2(fake_vllm, tmp_path)
+    expected = _expected(fake_vllm, v1, tmp_path)
+    _git(fake_vllm, "checkout", "-q", "-f", patchset.BASELINE_TAG)
+    assert patchset.read_record(fake_vllm) is not None  # git left the ignored record
+    with pytest.raises(compat.CompatError) as err:
+        compat.check_compat(version="0.34.0", tree=fake_vllm, expected=expected)
+    assert "disagrees with its files: 1 of 1 patched file(s) differ" in str(err.value)
+    assert "vllm/config.py" in str(err.value)
+    assert not patchset.tree_is_applied(fake_vllm, patchset.read_series(v1))
+    assert patchset.apply_series(fake_vllm, v1).changed
+    assert compat.check_compat(version="0.34.0", tree=fake_vllm, expected=expected) == []
+
+
+def test_relative_patch_dir_is_resolved_before_git_runs_in_the_tree(fake_vllm, tmp_path,
+                                                                    monkeypatch):
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33")])
+    monkeypatch.chdir(tmp_path)
+    assert patchset.check_series(fake_vllm, Path("patches"))
+    assert patchset.apply_series(fake_vllm, Path("patches")).changed

@@ -1,43 +1,180 @@
-"""Every patch has its note (front matter + the PR sections) and an index row."""
+"""Every git patch has its note and its own test file; notes, index and links agree.
+
+For each patch ``patches/vllm-0.34.0/NNNN-<stem>.patch`` in ``series``:
+
+* its note is ``upstream-notes/NNNN-<stem>.md`` (the same stem), with front matter
+  (``id`` = NNNN, ``patch`` = the patch path, ``targets``, ``upstream_status``,
+  ``remove_when``), the PR sections, and numbers in its Test Result;
+* at least one ``tests/<tier>/test_patch_NNNN_*.py`` exists, and the note's Test Plan
+  names every such file;
+* ``upstream-notes/README.md`` has its row, linking the note and those test files.
+
+No numbered note or ``test_patch_NNNN_*`` file exists without a patch, and every link to
+a note from ``README.md`` or ``docs/`` resolves. The checker returns its findings, so the
+planted-violation tests below show each rule catching what it is for.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
-from vllm_kimi_ext.patchset import PATCH_DIR, REPO_ROOT, read_series
+import pytest
 
-NOTES = REPO_ROOT / "upstream-notes"
+from vllm_kimi_ext.patchset import VLLM_VERSION, read_series
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PATCHES = Path("patches") / f"vllm-{VLLM_VERSION}"
+NOTES = Path("upstream-notes")
+TIERS = ("unit", "vllm", "distributed", "gpu", "canary")
 SECTIONS = ("## Purpose", "## Why not a plugin", "## Design", "## Test Plan",
             "## Test Result", "## Risks", "## Upgrade risk")
 FRONT = ("id", "patch", "targets", "upstream_status", "remove_when")
+NUMBERED = re.compile(r"^(\d{4})-")
+NOTE_LINK = re.compile(r"upstream-notes/([^)\s#`]+\.md)")
 
 
-def _front_matter(text: str) -> dict[str, str]:
+def _front_matter(text: str) -> dict[str, str] | None:
     m = re.match(r"^---\n(.*?)\n---\n", text, re.S)
-    assert m, "missing front matter"
+    if not m:
+        return None
     return dict(line.split(": ", 1) for line in m.group(1).splitlines() if ": " in line)
 
 
-def test_each_patch_has_a_complete_note_and_index_row():
-    index = (NOTES / "README.md").read_text()
-    for entry in read_series():
-        num = entry.name.split("-", 1)[0]
-        notes = sorted(NOTES.glob(f"{num}-*.md"))
-        assert len(notes) == 1, f"{entry.name}: expected one upstream-notes/{num}-*.md"
-        text = notes[0].read_text()
-        front = _front_matter(text)
-        assert set(FRONT) <= set(front), f"{notes[0].name}: front matter lacks " \
-            f"{set(FRONT) - set(front)}"
-        assert front["id"] == num
-        assert front["patch"] == f"patches/{PATCH_DIR.name}/{entry.name}"
-        for section in SECTIONS:
-            assert section in text, f"{notes[0].name} lacks {section!r}"
-        result = text.split("## Test Result", 1)[1].split("\n## ", 1)[0]
-        assert re.search(r"\d", result), f"{notes[0].name}: Test Result carries no numbers"
-        assert f"| {num} |" in index and notes[0].name in index, f"index lacks {num}"
+def _section(text: str, title: str) -> str:
+    return text.split(f"## {title}", 1)[1].split("\n## ", 1)[0] if f"## {title}" in text else ""
 
 
-def test_no_orphan_notes():
-    numbers = {e.name.split("-", 1)[0] for e in read_series()}
-    for note in NOTES.glob("[0-9][0-9][0-9][0-9]-*.md"):
-        assert note.name.split("-", 1)[0] in numbers, f"{note.name} has no patch"
+def patch_test_files(root: Path, num: str) -> list[Path]:
+    """``tests/<tier>/test_patch_NNNN_*.py`` for one patch number."""
+    return sorted(p.relative_to(root) for tier in TIERS
+                  for p in (root / "tests" / tier).glob(f"test_patch_{num}_*.py"))
+
+
+def _note_findings(root: Path, name: str) -> list[str]:
+    """Findings for the note of one patch file ``name``."""
+    num, stem = name.split("-", 1)[0], name.removesuffix(".patch")
+    note = NOTES / f"{stem}.md"
+    if not (root / note).is_file():
+        return [f"{name}: no note {note} (a note has the patch file's stem)"]
+    text = (root / note).read_text()
+    front = _front_matter(text)
+    if front is None:
+        return [f"{note}: no front matter"]
+    out = [f"{note}: front matter lacks {key!r}" for key in FRONT if key not in front]
+    if front.get("id") != num:
+        out.append(f"{note}: id {front.get('id')!r}, expected {num!r}")
+    if front.get("patch") != f"{PATCHES}/{name}":
+        out.append(f"{note}: patch {front.get('patch')!r}, expected '{PATCHES}/{name}'")
+    out += [f"{note}: lacks {s!r}" for s in SECTIONS if s not in text]
+    if not re.search(r"\d", _section(text, "Test Result")):
+        out.append(f"{note}: Test Result carries no numbers")
+    tests = patch_test_files(root, num)
+    if not tests:
+        out.append(f"{name}: no test file tests/<tier>/test_patch_{num}_*.py")
+    plan = _section(text, "Test Plan")
+    out += [f"{note}: Test Plan does not name {t}" for t in tests if str(t) not in plan]
+    index = (root / NOTES / "README.md").read_text()
+    row = re.search(rf"^\| {num} \|.*\]\({re.escape(note.name)}\).*$", index, re.M)
+    if not row:
+        out.append(f"{NOTES}/README.md: no row '| {num} |' linking {note.name}")
+    else:
+        out += [f"{NOTES}/README.md: row {num} does not link ../{t}" for t in tests
+                if f"](../{t})" not in row.group(0)]
+    return out
+
+
+def check_series_notes(root: Path) -> list[str]:
+    """Every rule of the module docstring, as a list of findings (empty: clean)."""
+    names = [e.name for e in read_series(root / PATCHES)]
+    findings = [f for name in names for f in _note_findings(root, name)]
+    expected_notes = {name.removesuffix(".patch") + ".md" for name in names}
+    numbers = {name.split("-", 1)[0] for name in names}
+    for note in sorted((root / NOTES).glob("*.md")):
+        if NUMBERED.match(note.name) and note.name not in expected_notes:
+            findings.append(f"{NOTES}/{note.name}: no patch with this stem")
+    for tier in TIERS:
+        for test in sorted((root / "tests" / tier).glob("test_patch_*.py")):
+            m = re.match(r"test_patch_(\d{4})_", test.name)
+            if not m or m.group(1) not in numbers:
+                findings.append(f"{test.relative_to(root)}: no patch with this number")
+    for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for link in NOTE_LINK.findall(doc.read_text()):
+            if not (root / NOTES / link).is_file():
+                findings.append(f"{doc.relative_to(root)}: link to missing note {link}")
+    return findings
+
+
+def test_series_notes_tests_and_links_agree():
+    assert check_series_notes(REPO_ROOT) == []
+
+
+# --------------------------------------------------------------------------- #
+# Planted violations, on a copy of the parts of the repository the rules read   #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture()
+def mirror(tmp_path) -> Path:
+    for part in (PATCHES, NOTES, Path("docs")):
+        shutil.copytree(REPO_ROOT / part, tmp_path / part)
+    shutil.copy(REPO_ROOT / "README.md", tmp_path / "README.md")
+    for tier in TIERS:
+        (tmp_path / "tests" / tier).mkdir(parents=True)
+        for test in (REPO_ROOT / "tests" / tier).glob("test_patch_*.py"):
+            (tmp_path / "tests" / tier / test.name).write_text("")
+    assert check_series_notes(tmp_path) == []
+    return tmp_path
+
+
+def _first(root: Path) -> tuple[str, str, Path]:
+    """Number, patch file name and note path of the first patch."""
+    name = read_series(root / PATCHES)[0].name
+    return name.split("-", 1)[0], name, root / NOTES / (name.removesuffix(".patch") + ".md")
+
+
+def test_note_with_another_stem_is_found(mirror):
+    num, name, note = _first(mirror)
+    note.rename(note.with_name(f"{num}-short-name.md"))
+    found = check_series_notes(mirror)
+    assert f"{name}: no note {NOTES}/{name.removesuffix('.patch')}.md (a note has the " \
+           "patch file's stem)" in found
+    assert f"{NOTES}/{num}-short-name.md: no patch with this stem" in found
+
+
+def test_front_matter_pointing_elsewhere_is_found(mirror):
+    num, name, note = _first(mirror)
+    note.write_text(note.read_text().replace(f"patch: {PATCHES}/{name}",
+                                             f"patch: {PATCHES}/{num}-other.patch", 1))
+    assert any("expected" in f and name in f for f in check_series_notes(mirror))
+
+
+def test_missing_per_patch_test_file_is_found(mirror):
+    num, name, _ = _first(mirror)
+    for test in patch_test_files(mirror, num):
+        (mirror / test).unlink()
+    assert check_series_notes(mirror) == [
+        f"{name}: no test file tests/<tier>/test_patch_{num}_*.py"]
+
+
+def test_test_file_not_named_in_the_test_plan_or_index_is_found(mirror):
+    num, _, note = _first(mirror)
+    extra = Path("tests") / "unit" / f"test_patch_{num}_extra.py"
+    (mirror / extra).write_text("")
+    assert check_series_notes(mirror) == [
+        f"{note.relative_to(mirror)}: Test Plan does not name {extra}",
+        f"{NOTES}/README.md: row {num} does not link ../{extra}"]
+
+
+def test_orphan_test_file_index_row_and_dangling_link_are_found(mirror):
+    _, _, note = _first(mirror)
+    (mirror / "tests" / "vllm" / "test_patch_9999_gone.py").write_text("")
+    index = mirror / NOTES / "README.md"
+    index.write_text(index.read_text().replace(f"]({note.name})", "](elsewhere.md)"))
+    readme = mirror / "README.md"
+    readme.write_text(readme.read_text() + "\n[note](upstream-notes/0001-renamed.md)\n")
+    found = check_series_notes(mirror)
+    assert "tests/vllm/test_patch_9999_gone.py: no patch with this number" in found
+    assert any(f.startswith(f"{NOTES}/README.md: no row") for f in found)
+    assert "README.md: link to missing note 0001-renamed.md" in found

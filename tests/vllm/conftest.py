@@ -29,3 +29,45 @@ def _restore_transformers_config_model_types():
     DeepseekV3Config.model_type = "deepseek_v3"  # a module fixture may have run first
     yield
     DeepseekV3Config.model_type = "deepseek_v3"
+
+
+@pytest.fixture(scope="session")
+def draft_tp_heads(tmp_path_factory):
+    """A tiny EAGLE-3 head and a tiny DFlash drafter for the tiny Kimi-K2.5
+    target, shared by the draft-TP configuration tests."""
+    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+    from vllm_kimi_ext.testing.draft_scenarios import write_tiny_dflash
+
+    root = tmp_path_factory.mktemp("cfg-heads")
+    write_tiny_eagle3(root / "eagle3", TinyKimiSpec(), TinyEagle3Spec())
+    write_tiny_dflash(root / "dflash", TinyKimiSpec())
+    return root
+
+
+@pytest.fixture()
+def tp2_config(tiny_kimi_dir):
+    """``tp2_config(speculative_config)``: vLLM's own config path for the tiny
+    Kimi-K2.5 target at tensor_parallel_size=2."""
+    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+
+    return lambda spec: make_vllm_config(tiny_kimi_dir, tensor_parallel_size=2,
+                                         speculative_config=spec)
+
+
+@pytest.fixture()
+def eagle3_config():
+    """``eagle3_config(target_dir, draft_dir)``: vLLM's own config path for an
+    EAGLE-3 head (2 speculative tokens) on a target, at TP=1."""
+    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+
+    return lambda target_dir, draft_dir: make_vllm_config(target_dir, speculative_config={
+        "method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": 2})
+
+
+@pytest.fixture()
+def eagle3_tp2_compile_factors(tp2_config, draft_tp_heads):
+    """``eagle3_tp2_compile_factors(**options)``: the speculative config's compile
+    factors for the shared EAGLE-3 head at TP=2 with extra options."""
+    base = {"method": "eagle3", "model": str(draft_tp_heads / "eagle3"),
+            "num_speculative_tokens": 3}
+    return lambda **options: tp2_config({**base, **options}).speculative_config.compile_factors()

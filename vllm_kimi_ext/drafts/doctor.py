@@ -537,7 +537,7 @@ def _diagnose_mtp(target_cfg: dict, draft_cfg: dict, tensors: TensorIndex) -> li
     out: list[Finding] = []
     # A separate MTP directory for a kimi_k25 target may carry the target's
     # kimi_k25 config or a DeepSeek-V3 text config (deepseek_v3 / kimi_k2): patches
-    # 0005 and 0010 load both as KimiK25MTPModel.
+    # 0005 and 0012 load both as KimiK25MTPModel.
     h = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
     for k in range(layers, layers + n):

@@ -29,18 +29,36 @@ import torch
 
 from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, _init_tensor, _mlp
 
-#: Symbol the draft-TP vLLM patch adds; tests needing the patch skip without it.
-UNSHARDED_PATCH_SYMBOL = "vllm.distributed.parallel_state.unsharded_tensor_parallel"
+#: Module the EAGLE draft-TP-1 vLLM patch (0008) adds; tests needing it skip without it.
+UNSHARDED_DRAFT_MODULE = "vllm.v1.worker.gpu.spec_decode.unsharded_draft"
 #: Speculative-config option the replicated-embedding vLLM patch adds.
 REPLICATED_EMBEDDING_OPTION = "replicate_draft_embedding"
 
 
-def has_unsharded_draft_patch() -> bool:
+def has_vllm_symbol(module: str, symbol: str) -> bool:
+    """Whether the running vLLM has ``module.symbol`` (a symbol a patch adds;
+    ``symbol`` may be dotted, e.g. ``Class.attribute``)."""
+    import importlib
+
     try:
-        from vllm.distributed import parallel_state
+        obj = importlib.import_module(module)
     except ImportError:
         return False
-    return hasattr(parallel_state, "unsharded_tensor_parallel")
+    for part in symbol.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def has_unsharded_tp_group_patch() -> bool:
+    """Patch 0006: the per-rank size-1 tensor-parallel group."""
+    return has_vllm_symbol("vllm.distributed.parallel_state", "unsharded_tensor_parallel")
+
+
+def has_unsharded_draft_patch() -> bool:
+    """Patch 0008: EAGLE/EAGLE-3/MTP drafts built un-sharded at draft TP 1."""
+    return has_vllm_symbol(UNSHARDED_DRAFT_MODULE, "bind_unsharded")
 
 
 def has_replicated_embedding_patch() -> bool:
@@ -325,10 +343,53 @@ def draft_agreement_check(rank: int) -> dict:
     return {"raised": False, "message": ""}
 
 
+def unsharded_tp_group_check(rank: int) -> dict:
+    """Patch 0006's size-1 tensor-parallel group as this rank sees it: sizes
+    in and out of ``unsharded_tensor_parallel()``, an all-reduce inside (stays
+    on the rank) and outside (sums over the ranks), the restore after an
+    exception, and ``destroy_model_parallel`` clearing the group. Destroys the
+    model-parallel groups, so it runs last."""
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+        tensor_model_parallel_all_reduce,
+    )
+    from vllm.distributed import parallel_state as ps
+
+    def state() -> dict:
+        return {"world": get_tensor_model_parallel_world_size(),
+                "rank": get_tensor_model_parallel_rank(),
+                "unsharded": ps.in_unsharded_tensor_parallel()}
+
+    def all_reduce() -> float:
+        return float(tensor_model_parallel_all_reduce(torch.tensor([float(rank + 1)]))[0])
+
+    out = {"before": state(), "sum_outside": all_reduce()}
+    group = ps.get_unsharded_tp_group()
+    out["group_ranks"] = list(group.ranks)
+    out["same_group_again"] = ps.get_unsharded_tp_group() is group
+    with ps.unsharded_tensor_parallel():
+        out["inside"] = state()
+        out["sum_inside"] = all_reduce()
+    out["after"] = state()
+    try:
+        with ps.unsharded_tensor_parallel():
+            raise RuntimeError("planted")
+    except RuntimeError:
+        pass
+    out["after_exception"] = state()
+    ps.destroy_model_parallel()
+    out["cleared_by_destroy"] = ps._UNSHARDED_TP is None
+    return out
+
+
 def unsharded_draft_scenarios(rank: int, target_dir: str, cases: list[DraftCase]) -> dict:
-    """:func:`draft_collectives` plus the draft-agreement check, one rank set."""
+    """:func:`draft_collectives` plus the draft-agreement check and (when the
+    running vLLM has patch 0006) the size-1 group check, one rank set."""
     out = draft_collectives(rank, target_dir, cases)
     out["_agreement"] = draft_agreement_check(rank)
+    if has_unsharded_tp_group_patch():
+        out["_tp_group"] = unsharded_tp_group_check(rank)
     return out
 
 

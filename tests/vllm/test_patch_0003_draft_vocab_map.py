@@ -1,5 +1,9 @@
-"""Patch 0003 also guards DFlash drafters: a reduced draft vocabulary without a
-``d2t`` map is refused at load time (stock: a silent all-zero map)."""
+"""Patch 0003: a draft vocabulary smaller than the target's needs a valid
+``d2t`` map (stock: a silent all-zero map, acceptance collapses).
+
+EAGLE-3 heads and DFlash drafters, through EngineArgs -> VllmConfig -> vLLM's
+loader, every parameter poisoned before loading and checked after.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,44 @@ import json
 import pytest
 import torch
 
-pytestmark = pytest.mark.vllm
+from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from vllm_kimi_ext.testing.draft_scenarios import has_vllm_symbol
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not has_vllm_symbol("vllm.model_executor.models.utils", "verify_eagle3_draft_vocab_map"),
+        reason="running vLLM lacks patch 0003 (utils.verify_eagle3_draft_vocab_map)"),
+]
+
+
+def test_reduced_vocab_head_without_d2t_is_refused_at_load(tiny_kimi_dir, tmp_path, eagle3_config):
+    from vllm_kimi_ext.testing.vllm_cpu import load_model
+
+    draft = tmp_path / "no-d2t"
+    write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(draft_vocab_size=300,
+                                                            with_d2t=False))
+    cfg = eagle3_config(tiny_kimi_dir, draft)
+    with pytest.raises(ValueError) as err:
+        load_model(cfg, cfg.speculative_config.draft_model_config)
+    msg = str(err.value)
+    assert "draft_vocab_size=300" in msg and f"vocab_size={TinyKimiSpec().vocab_size}" in msg
+    assert "no 'd2t' tensor" in msg
+
+
+def test_d2t_out_of_range_is_refused_at_load(tiny_kimi_dir, tmp_path, eagle3_config):
+    from safetensors.torch import load_file, save_file
+
+    from vllm_kimi_ext.testing.vllm_cpu import load_model
+
+    draft = tmp_path / "bad-d2t"
+    write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(draft_vocab_size=300))
+    tensors = load_file(draft / "model.safetensors")
+    tensors["d2t"][10] = TinyKimiSpec().vocab_size
+    save_file(tensors, draft / "model.safetensors", metadata={"format": "pt"})
+    cfg = eagle3_config(tiny_kimi_dir, draft)
+    with pytest.raises(ValueError, match=r"maps 1 draft id\(s\) outside .*draft id 10"):
+        load_model(cfg, cfg.speculative_config.draft_model_config)
 
 
 def _reduce_vocab(path, rows: int) -> None:
@@ -31,10 +72,6 @@ def test_dflash_reduced_vocab_without_d2t_is_refused(tiny_kimi_dir, tmp_path):
     _reduce_vocab(draft, 512)
     cfg = make_vllm_config(tiny_kimi_dir, speculative_config={
         "method": "dflash", "model": str(draft), "num_speculative_tokens": 3})
-    try:
-        from vllm.model_executor.models.utils import verify_eagle3_draft_vocab_map  # noqa
-    except ImportError:
-        pytest.skip("running vLLM lacks patch 0003")
     with pytest.raises(ValueError, match="has no 'd2t' tensor"):
         load_model(cfg, cfg.speculative_config.draft_model_config)
 

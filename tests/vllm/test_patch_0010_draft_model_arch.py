@@ -1,4 +1,4 @@
-"""Patch 0008: a configured ``draft_model`` is loaded as the model it is.
+"""Patch 0010: a configured ``draft_model`` is loaded as the model it is.
 
 Stock vLLM 0.34.0 sends every draft checkpoint through the MTP rewrites of
 ``SpeculativeConfig.hf_config_override``: a DeepSeek-V3-architecture LM used as

@@ -1,8 +1,8 @@
-"""Patch 0010: a separate MTP directory with a DeepSeek-V3 text config
+"""Patch 0012: a separate MTP directory with a DeepSeek-V3 text config
 (``deepseek_v3`` or ``kimi_k2``) and plain ``model.layers.N.*`` tensor names
 loads as ``KimiK25MTPModel`` on a Kimi-K2.5 target.
 
-Stock behaviour (with patches 0001-0009): ``deepseek_v3`` became
+Stock behaviour (with patches 0001-0011): ``deepseek_v3`` became
 ``DeepSeekMTPModel``, which reads its layer counts from the target's nested
 ``Kimi_K25Config`` and fails while building; ``kimi_k2`` was not rewritten and
 was refused as having no MTP layers.  The checks run vLLM's config path and

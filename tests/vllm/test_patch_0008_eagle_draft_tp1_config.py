@@ -1,0 +1,37 @@
+"""Patch 0008, configuration side: EAGLE-3 accepts ``draft_tensor_parallel_size:
+1`` under a TP=2 target (the draft is then built un-sharded), refuses it with
+``draft_lm_head_quantization``, and the value is a compile factor. The
+distributed side is tests/distributed/test_patch_0008_eagle_draft_tp1.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_kimi_ext.testing.draft_scenarios import has_unsharded_draft_patch
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not has_unsharded_draft_patch(),
+                       reason="running vLLM lacks patch 0008 (spec_decode.unsharded_draft)"),
+]
+
+
+def test_eagle3_accepts_draft_tp1(tp2_config, draft_tp_heads):
+    cfg = tp2_config({"method": "eagle3", "model": str(draft_tp_heads / "eagle3"),
+                      "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1})
+    assert cfg.speculative_config.draft_tensor_parallel_size == 1
+    from vllm.v1.worker.gpu.spec_decode.unsharded_draft import draft_runs_unsharded
+
+    assert draft_runs_unsharded(cfg)
+
+
+def test_lm_head_quantization_refuses_draft_tp1(tp2_config, draft_tp_heads):
+    with pytest.raises(Exception, match="draft_lm_head_quantization"):
+        tp2_config({"method": "eagle3", "model": str(draft_tp_heads / "eagle3"),
+                    "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1,
+                    "draft_lm_head_quantization": "fp8"})
+
+
+def test_draft_tp_is_a_compile_factor(eagle3_tp2_compile_factors):
+    assert eagle3_tp2_compile_factors() != eagle3_tp2_compile_factors(
+        draft_tensor_parallel_size=1)
