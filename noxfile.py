@@ -17,7 +17,6 @@ in it. Activate it (``source .venv/bin/activate``) to run ``vllm serve``.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -28,12 +27,12 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from vllm_kimi_ext import patchset  # noqa: E402  (stdlib-only module)
+from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
 
 nox.options.sessions = ["apply-patches", "test"]
 nox.options.default_venv_backend = "none"
 
-ENV_DIR = Path(os.environ.get("VLLM_KIMI_EXT_ENV", ROOT / ".venv"))
+ENV_DIR = Path(envs.PROJECT_ENV.get() or ROOT / ".venv")
 BUILD_DIR = ROOT / "build"
 DEFAULT_TREE = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}"
 TREE_POINTER = BUILD_DIR / "vllm-src"  # records which tree apply-patches used

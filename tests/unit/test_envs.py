@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +80,34 @@ def test_readme_table_is_the_generated_one():
     assert table in readme, ("README's environment-variable table differs from "
                              "vllm_kimi_ext/envs.py; replace it with the output of "
                              "`python -m vllm_kimi_ext.envs`:\n" + table)
+
+
+def test_every_variable_the_package_mentions_is_a_flag():
+    """A VLLM_KIMI_EXT_* name in the package's code must be defined in envs.py (a
+    new flag read with os.environ elsewhere, or a typo, fails here)."""
+    known = {f.name for f in envs.FLAGS}
+    pattern = re.compile(r"\bVLLM_KIMI_EXT(?:_[A-Z0-9_]*[A-Z0-9])?\b")
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "benchmarks" in path.parts:  # the bench harness: its own, not flags
+            continue
+        for name in pattern.findall(path.read_text()):
+            found.setdefault(name, path.relative_to(REPO))
+    assert {n: p for n, p in found.items() if n not in known} == {}
+
+
+def test_no_module_but_envs_spells_a_flag_name():
+    """Reading a flag anywhere but envs.py needs its name as a string literal
+    (``os.environ.get("VLLM_KIMI_EXT_...")``, ``CHECK_ENV = "..."``): none may exist."""
+    names = {f.name for f in envs.FLAGS}
+    offenders = []
+    for path in [*PACKAGE.rglob("*.py"), REPO / "noxfile.py"]:
+        if path.name == "envs.py" or "benchmarks" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value}")
+    assert offenders == []
 
 
 def test_cli_prints_the_table_and_refuses_arguments():
