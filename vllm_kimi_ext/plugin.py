@@ -122,6 +122,7 @@ def register() -> None:
         logger.debug("vllm-kimi-ext installed but inactive (set %s=1)", envs.ENABLE.name)
         return
     envs.check_all()
+    _route_logs_through_vllm()
     from vllm_kimi_ext.compat import check_compat
 
     overridden = check_compat()
@@ -131,7 +132,6 @@ def register() -> None:
         return
     from vllm_kimi_ext import runtime
 
-    _route_logs_through_vllm()
     register_env_vars()
     methods = register_speculative_methods()
     runtime.apply_all()

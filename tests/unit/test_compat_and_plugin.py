@@ -91,7 +91,6 @@ def test_plugin_register_is_reentrant(monkeypatch, applied_tree):
     applied = []
     monkeypatch.setattr(runtime, "apply_all", lambda: applied.append(1) or [])
     monkeypatch.setattr(plugin, "register_env_vars", lambda: [])
-    monkeypatch.setattr(plugin, "_route_logs_through_vllm", lambda: None)
     plugin.register()
     plugin.register()
     assert applied == [1]
