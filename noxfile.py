@@ -5,6 +5,11 @@ All sessions share one project environment (default ``.venv``, override with
 vLLM 0.34.0 tree editable together with this package; the other sessions run
 in it. Activate it (``source .venv/bin/activate``) to run ``vllm serve``.
 
+A bare ``nox`` is cheap: ``lint`` and ``test`` in the existing environment (it
+never fetches or rebuilds vLLM; without an environment it says to run
+``nox -s apply-patches`` first).
+
+    nox                                       # lint + test
     nox -s apply-patches                      # fetch sdist, apply series, install
     nox -s apply-patches -- --vllm-src PATH   # use your own git checkout instead
     nox -s apply-patches -- --check           # dry run against the baseline
@@ -18,7 +23,6 @@ in it. Activate it (``source .venv/bin/activate``) to run ``vllm serve``.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -29,13 +33,12 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from bench.harness.generated_docs import GENERATORS as DOC_GENERATORS  # stdlib only
-from vllm_kimi_ext import patchset  # noqa: E402  (stdlib-only module)
+from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
 
-nox.options.sessions = ["apply-patches", "test"]
+nox.options.sessions = ["lint", "test"]
 nox.options.default_venv_backend = "none"
 
-ENV_DIR = Path(os.environ.get("VLLM_KIMI_EXT_ENV", ROOT / ".venv"))
+ENV_DIR = Path(envs.PROJECT_ENV.get() or ROOT / ".venv")
 BUILD_DIR = ROOT / "build"
 DEFAULT_TREE = BUILD_DIR / f"vllm-{patchset.VLLM_VERSION}"
 PATCH_DIR = ROOT / "patches" / f"vllm-{patchset.VLLM_VERSION}"
@@ -70,7 +73,8 @@ def _ensure_env(session: nox.Session) -> None:
 
 def _require_env(session: nox.Session) -> None:
     if not (ENV_DIR / "bin" / "python").exists():
-        session.error(f"no project environment at {ENV_DIR}: run `nox -s apply-patches` first")
+        session.error(f"no project environment at {ENV_DIR}: create it with "
+                      "`nox -s apply-patches` (or point VLLM_KIMI_EXT_ENV at an existing one)")
 
 
 def _cuda_available() -> bool:
@@ -225,22 +229,16 @@ def bench(session: nox.Session) -> None:
                 env=env)
 
 
-@nox.session(default=False)
-def docs(session: nox.Session) -> None:
-    """Regenerate every generated document (bench/harness/generated_docs.py lists them);
-    ``-- --check`` changes nothing and fails when one is stale."""
-    _require_env(session)
-    check = "--check" in session.posargs
-    for gen in DOC_GENERATORS:
-        session.run(_py(), *gen.command(ROOT, check=check), external=True,
-                    env={"PYTHONPATH": str(ROOT)})
+from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
 
 
-@nox.session(default=False)
 def lint(session: nox.Session) -> None:
-    """Static checks: ruff, and that every patch has its note and series entry."""
+    """Static checks: ruff; every git and runtime patch has its note and index row;
+    the runtime-patch layout; README's environment-variable table."""
     _require_env(session)
-    _pip(session, "ruff")
+    if subprocess.run([_py(), "-m", "ruff", "--version"], capture_output=True).returncode:
+        _pip(session, "ruff")
     session.run(_py(), "-m", "ruff", "check", "vllm_kimi_ext", "tests", "bench",
                 "noxfile.py", external=True)
-    _pytest(session, "tests/unit/test_upstream_notes.py", "-q")
+    _pytest(session, "tests/unit/test_upstream_notes.py", "tests/unit/test_runtime_layout.py",
+            "tests/unit/test_envs.py", "-q")

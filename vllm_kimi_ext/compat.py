@@ -16,11 +16,10 @@ for bisecting, never for production.
 from __future__ import annotations
 
 import json
-import os
 from importlib import metadata, resources
 from pathlib import Path
 
-from vllm_kimi_ext import PINNED_VLLM_VERSION
+from vllm_kimi_ext import PINNED_VLLM_VERSION, envs
 from vllm_kimi_ext.patchset import (
     SHIPPED_SERIES,
     PatchSetError,
@@ -28,15 +27,9 @@ from vllm_kimi_ext.patchset import (
     read_record,
 )
 
-ALLOW_MISMATCH_ENV = "VLLM_KIMI_EXT_ALLOW_MISMATCH"
-
 
 class CompatError(RuntimeError):
     """The installed vLLM is not the one this package was built for."""
-
-
-def allow_mismatch() -> bool:
-    return os.environ.get(ALLOW_MISMATCH_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def installed_vllm_version() -> str | None:
@@ -154,7 +147,7 @@ def check_compat(*, version: str | None = None, tree: Path | None = None,
         else:
             if problem := _series_problem(expected, tree):
                 problems.append(problem)
-    if problems and not allow_mismatch():
+    if problems and not envs.ALLOW_MISMATCH.get():
         raise CompatError("vllm-kimi-ext refuses to start: " + " | ".join(problems)
-                          + f" (set {ALLOW_MISMATCH_ENV}=1 to override)")
+                          + f" (set {envs.ALLOW_MISMATCH.name}=1 to override)")
     return problems

@@ -22,7 +22,11 @@ wrapper):
 * every replaced attribute must exist on the target unless it is listed in
   ``_new_attributes`` (a typo must not silently add a method nobody calls);
 * the original is kept and reachable through ``original(name)``;
-* each replacement is logged at INFO with the original's qualified name.
+* each replacement is logged at DEBUG with the original's qualified name (the
+  plugin logs one INFO line naming the patches it installed);
+* special methods (``__call__``, ...) are patchable: a dunder name counts as a
+  replacement when the class body defines it as a function, so the class
+  machinery (``__module__``, ``__doc__``, ``__init_subclass__``, ...) never does.
 
 Module targets work too: set ``_target = some_module`` instead of using the
 subscript form.
@@ -62,7 +66,11 @@ class Patch(Generic[T]):
     #: attribute names the patch may add although the target lacks them
     _new_attributes: ClassVar[frozenset[str]] = frozenset()
     _RESERVED: ClassVar[frozenset[str]] = frozenset(
-        {"_target", "_new_attributes", "_RESERVED", "_applied"}
+        {"_target", "_new_attributes", "_RESERVED", "_MACHINERY", "_applied"}
+    )
+    #: dunders a class body may define that are class machinery, not replacements
+    _MACHINERY: ClassVar[frozenset[str]] = frozenset(
+        {"__init_subclass__", "__class_getitem__", "__annotate__"}
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -81,7 +89,10 @@ class Patch(Generic[T]):
         """The attributes this patch installs, by name."""
         out = {}
         for name, value in cls.__dict__.items():
-            if name in cls._RESERVED or (name.startswith("__") and name.endswith("__")):
+            if name in cls._RESERVED:
+                continue
+            if name.startswith("__") and name.endswith("__") and (
+                    name in cls._MACHINERY or not isinstance(value, types.FunctionType)):
                 continue
             out[name] = value
         return out
@@ -131,7 +142,7 @@ class Patch(Generic[T]):
             setattr(target, name, value)
             shown = getattr(effective, "__qualname__", None) or (
                 "nothing" if effective is _MISSING else repr(effective))
-            logger.info("vllm-kimi-ext: %s patched %s.%s (was %s)",
+            logger.debug("vllm-kimi-ext: %s patched %s.%s (was %s)",
                         cls.__name__, _target_name(target), name, shown)
         return True
 
@@ -163,7 +174,7 @@ class Patch(Generic[T]):
             del _APPLIED[(id(target), name)]
             done = True
         if done:
-            logger.info("vllm-kimi-ext: %s reverted", cls.__name__)
+            logger.debug("vllm-kimi-ext: %s reverted", cls.__name__)
         return done
 
 

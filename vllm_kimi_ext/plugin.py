@@ -5,19 +5,21 @@ core, each worker), possibly more than once per process, so it is re-entrant:
 runtime patches are applied once and a second call only re-checks.
 
 Nothing happens unless ``VLLM_KIMI_EXT=1``: installing the package must not
-change vLLM's behaviour. When enabled, the plugin first checks the pin
-(:mod:`vllm_kimi_ext.compat`) and refuses — raising, which stops vLLM before
-anything is served — on a vLLM other than 0.34.0 or a tree whose applied patch
-series differs from this package's. It then registers ``method: "kimi_tli"``
-(a draft model with another tokenizer, lossless;
-:mod:`vllm_kimi_ext.drafts.tli_config`) and applies the runtime patches.
+change vLLM's behaviour. When enabled, the plugin
 
-Environment (read at call time):
+1. parses every ``VLLM_KIMI_EXT_*`` variable (:mod:`vllm_kimi_ext.envs`; an
+   invalid value raises a one-line error naming it);
+2. checks the pin (:mod:`vllm_kimi_ext.compat`) and refuses — raising, which
+   stops vLLM before anything is served — on a vLLM other than 0.34.0 or a tree
+   whose applied patch series differs from this package's;
+3. registers its variables with vLLM, so vLLM does not warn about them as
+   unknown (:func:`register_env_vars`);
+4. registers ``method: "kimi_tli"`` (:mod:`vllm_kimi_ext.drafts.tli_config`),
+   applies the runtime patches the flags ask for
+   (:func:`vllm_kimi_ext.runtime.apply_all`) and logs one line per process:
+   package version, applied patch series, runtime patches installed.
 
-* ``VLLM_KIMI_EXT=1`` — enable the plugin.
-* ``VLLM_KIMI_EXT_ALLOW_MISMATCH=1`` — downgrade pin refusals to warnings.
-* ``VLLM_KIMI_EXT_COUNT_COLLECTIVES=N`` — count collectives per phase in each
-  worker and log a per-step summary every N steps (N=1 if set to ``1``/``true``).
+The variables and their meaning: :mod:`vllm_kimi_ext.envs` (README's table).
 """
 
 from __future__ import annotations
@@ -25,28 +27,15 @@ from __future__ import annotations
 import logging
 import os
 
-logger = logging.getLogger("vllm_kimi_ext")
+from vllm_kimi_ext import __version__, envs
 
-ENABLE_ENV = "VLLM_KIMI_EXT"
-COUNT_ENV = "VLLM_KIMI_EXT_COUNT_COLLECTIVES"
+logger = logging.getLogger("vllm_kimi_ext")
 
 _state: dict[str, object] = {"registered": False}
 
 
 def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def _count_every() -> int:
-    raw = os.environ.get(COUNT_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no"):
-        return 0
-    if raw in ("true", "yes"):
-        return 1
-    try:
-        return max(1, int(raw))
-    except ValueError as exc:
-        raise ValueError(f"{COUNT_ENV} must be an integer step interval, got {raw!r}") from exc
+    return envs.ENABLE.get()
 
 
 def register_speculative_methods() -> list[str]:
@@ -61,11 +50,79 @@ def register_speculative_methods() -> list[str]:
     return [TLI_METHOD]
 
 
+def register_env_vars() -> list[str]:
+    """Add this package's variables to ``vllm.envs.environment_variables``.
+
+    vLLM 0.34.0 warns about every set ``VLLM_*`` variable missing from that
+    table ("Unknown vLLM environment variable detected", or refuses to start
+    with ``fail_on_environ_validation``: ``Platform.validate_environ``, called
+    while ``EngineArgs`` builds the config, after the general plugins ran). The
+    table is vLLM's registry of variables; out-of-tree plugins add theirs to it.
+    The getters parse at call time, like :mod:`vllm_kimi_ext.envs`. vLLM hashes
+    every registered variable into its ``torch.compile`` cache key
+    (``vllm.envs.compile_factors``), so changing one of ours compiles afresh
+    instead of reusing a graph compiled under other runtime patches.
+    Returns the names added now."""
+    import vllm.envs as vllm_envs
+
+    added = []
+    for flag in envs.FLAGS:
+        if flag.name not in vllm_envs.environment_variables:
+            vllm_envs.environment_variables[flag.name] = flag.get
+            added.append(flag.name)
+    return added
+
+
+class _ThroughVllmLogger(logging.Handler):
+    """Hands each record to vLLM's ``vllm`` logger, i.e. to whatever handlers,
+    level and format vLLM's logging configuration gives it at that moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = logging.getLogger("vllm")
+        if target.isEnabledFor(record.levelno):
+            target.handle(record)
+
+
+def _route_logs_through_vllm() -> None:
+    """vLLM's logging configuration gives handlers to its own ``vllm`` logger
+    only, so in a server this package's INFO lines would be dropped. When no root
+    handler exists (nobody else would show them), route the ``vllm_kimi_ext``
+    logger's records through vLLM's logger: they appear in vLLM's log, in vLLM's
+    format, filtered by ``VLLM_LOGGING_LEVEL`` (once per process)."""
+    ours = logging.getLogger("vllm_kimi_ext")
+    if logging.getLogger().handlers or any(
+            isinstance(h, _ThroughVllmLogger) for h in ours.handlers):
+        return
+    ours.addHandler(_ThroughVllmLogger())
+    if ours.level == logging.NOTSET:
+        ours.setLevel(logging.DEBUG)  # vLLM's logger decides what is shown
+
+
+def status_line(methods: list[str]) -> str:
+    """The one line the plugin logs per process once active."""
+    from vllm_kimi_ext import compat
+    from vllm_kimi_ext.patching import applied_patches
+
+    record = compat.applied_record()
+    if record is None:
+        series = "no applied patch series recorded"
+    else:
+        names = [e["name"] for e in record.get("series", [])]
+        span = f"{names[0].split('-')[0]}-{names[-1].split('-')[0]}" if names else "empty"
+        series = f"patch series {span} ({len(names)} patches, digest {record['digest'][:12]})"
+    patches = ", ".join(sorted(applied_patches())) or "none"
+    return (f"vllm-kimi-ext {__version__} active (pid {os.getpid()}): "
+            f"vLLM {compat.installed_vllm_version()}, {series}; "
+            f"runtime patches: {patches}; speculative methods: {', '.join(methods)}")
+
+
 def register() -> None:
     """Entry point vLLM calls; see the module docstring."""
     if not enabled():
-        logger.debug("vllm-kimi-ext installed but inactive (set %s=1)", ENABLE_ENV)
+        logger.debug("vllm-kimi-ext installed but inactive (set %s=1)", envs.ENABLE.name)
         return
+    envs.check_all()
+    _route_logs_through_vllm()
     from vllm_kimi_ext.compat import check_compat
 
     overridden = check_compat()
@@ -73,9 +130,10 @@ def register() -> None:
         logger.warning("vllm-kimi-ext: continuing despite: %s", problem)
     if _state["registered"]:
         return
-    from vllm_kimi_ext import runtime_patches
+    from vllm_kimi_ext import runtime
 
-    register_speculative_methods()
-    runtime_patches.apply_all(count_every=_count_every())
+    register_env_vars()
+    methods = register_speculative_methods()
+    runtime.apply_all()
     _state["registered"] = True
-    logger.info("vllm-kimi-ext active (pid %d)", os.getpid())
+    logger.info(status_line(methods))

@@ -20,7 +20,10 @@ def test_group_coordinator_collectives_exist():
     present = [m for m in COLLECTIVE_METHODS if hasattr(GroupCoordinator, m)]
     for core in ("all_reduce", "all_gather", "gather", "reduce_scatter", "broadcast"):
         assert core in present
-    assert "world_size" in inspect.getsource(GroupCoordinator.all_reduce)
+    from vllm_kimi_ext.runtime.group_coordinator import GroupCoordinatorCounting
+
+    # vLLM's own method, whether or not a CollectiveCounter installed the counting patch
+    assert "world_size" in inspect.getsource(GroupCoordinatorCounting.original("all_reduce"))
 
 
 def test_tp_wrappers_route_through_group_coordinator():
@@ -29,15 +32,6 @@ def test_tp_wrappers_route_through_group_coordinator():
 
     src = inspect.getsource(communication_op.tensor_model_parallel_all_reduce)
     assert "get_tp_group().all_reduce" in src
-
-
-def test_model_runner_and_rejection_sampler_hooks():
-    """vllm_kimi_ext.runtime_patches (live collective counting) patches these."""
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
-
-    assert callable(GPUModelRunner.execute_model) and callable(GPUModelRunner.sample_tokens)
-    assert callable(RejectionSampler.__call__)
 
 
 def test_cpu_platform_triton_gate_still_exists():
@@ -68,7 +62,8 @@ def test_vllm_is_pinned_version():
 
 
 def test_sharded_verify_runner_hooks():
-    """vllm_kimi_ext.verify.vllm_runner relies on these 0.34.0 internals."""
+    """vllm_kimi_ext.verify.vllm_runner relies on these 0.34.0 internals (the patched
+    attributes themselves: test_runtime_patch_targets.py)."""
     import dataclasses
 
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected  # noqa: F401

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from vllm_kimi_ext import compat, plugin
+from vllm_kimi_ext import compat, envs, plugin
 from vllm_kimi_ext.patchset import (
     RECORD_RELPATH,
     SeriesEntry,
@@ -37,7 +37,7 @@ def expected(applied_tree):
 
 @pytest.fixture(autouse=True)
 def _no_override(monkeypatch):
-    monkeypatch.delenv(compat.ALLOW_MISMATCH_ENV, raising=False)
+    monkeypatch.delenv(envs.ALLOW_MISMATCH.name, raising=False)
 
 
 def test_matching_version_and_series_pass(applied_tree, expected):
@@ -48,7 +48,7 @@ def test_other_vllm_version_is_refused_with_override_hint(applied_tree, expected
     with pytest.raises(compat.CompatError) as err:
         compat.check_compat(version="0.35.1", tree=applied_tree, expected=expected)
     assert "vLLM 0.34.0 required, found 0.35.1" in str(err.value)
-    assert compat.ALLOW_MISMATCH_ENV in str(err.value)
+    assert envs.ALLOW_MISMATCH.name in str(err.value)
 
 
 def test_stock_tree_is_refused(tmp_path, expected):
@@ -117,13 +117,13 @@ def test_unreadable_package_series_is_refused(applied_tree, monkeypatch):
 
 
 def test_override_env_downgrades_refusal(applied_tree, expected, monkeypatch):
-    monkeypatch.setenv(compat.ALLOW_MISMATCH_ENV, "1")  # read at call time
+    monkeypatch.setenv(envs.ALLOW_MISMATCH.name, "1")  # read at call time
     problems = compat.check_compat(version="0.35.1", tree=applied_tree, expected=expected)
     assert problems == ["vLLM 0.34.0 required, found 0.35.1"]
 
 
 def test_plugin_is_inert_unless_enabled(monkeypatch, caplog):
-    monkeypatch.delenv(plugin.ENABLE_ENV, raising=False)
+    monkeypatch.delenv(envs.ENABLE.name, raising=False)
     called = []
     monkeypatch.setattr(compat, "check_compat", lambda **kw: called.append(1) or [])
     with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext"):
@@ -133,39 +133,49 @@ def test_plugin_is_inert_unless_enabled(monkeypatch, caplog):
 
 
 def test_plugin_refuses_on_mismatch_before_patching(monkeypatch):
-    monkeypatch.setenv(plugin.ENABLE_ENV, "1")
+    monkeypatch.setenv(envs.ENABLE.name, "1")
+    monkeypatch.delenv(envs.ALLOW_MISMATCH.name, raising=False)
     monkeypatch.setattr(compat, "installed_vllm_version", lambda: "0.33.0")
-    from vllm_kimi_ext import runtime_patches
+    from vllm_kimi_ext import runtime
 
     applied = []
-    monkeypatch.setattr(runtime_patches, "apply_all", lambda **kw: applied.append(kw))
+    monkeypatch.setattr(runtime, "apply_all", lambda: applied.append(1))
     with pytest.raises(compat.CompatError, match="found 0.33.0"):
         plugin.register()
     assert applied == []
 
 
 def test_plugin_register_is_reentrant(monkeypatch, applied_tree, expected):
-    monkeypatch.setenv(plugin.ENABLE_ENV, "1")
+    monkeypatch.setenv(envs.ENABLE.name, "1")
     monkeypatch.setattr(compat, "installed_vllm_version", lambda: "0.34.0")
     monkeypatch.setattr(compat, "vllm_tree", lambda: applied_tree)
     monkeypatch.setattr(compat, "expected_record", lambda: expected)
     monkeypatch.setitem(plugin._state, "registered", False)
-    from vllm_kimi_ext import runtime_patches
+    from vllm_kimi_ext import runtime
 
     applied = []
-    monkeypatch.setattr(runtime_patches, "apply_all", lambda **kw: applied.append(kw) or [])
+    monkeypatch.setattr(runtime, "apply_all", lambda: applied.append(1) or [])
+    monkeypatch.setattr(plugin, "register_env_vars", lambda: [])
     plugin.register()
     plugin.register()
-    assert applied == [{"count_every": 0}]
+    assert applied == [1]
 
 
-def test_count_env_parsing(monkeypatch):
-    for raw, want in (("", 0), ("0", 0), ("1", 1), ("true", 1), ("50", 50)):
-        monkeypatch.setenv(plugin.COUNT_ENV, raw)
-        assert plugin._count_every() == want
-    monkeypatch.setenv(plugin.COUNT_ENV, "often")
-    with pytest.raises(ValueError, match="integer step interval"):
-        plugin._count_every()
+def test_plugin_refuses_an_invalid_flag_before_anything_else(monkeypatch):
+    monkeypatch.setenv(envs.ENABLE.name, "1")
+    monkeypatch.setenv(envs.COUNT_COLLECTIVES.name, "abc")
+    checked = []
+    monkeypatch.setattr(compat, "check_compat", lambda **kw: checked.append(1) or [])
+    with pytest.raises(envs.EnvError) as err:
+        plugin.register()
+    assert str(err.value).startswith("VLLM_KIMI_EXT_COUNT_COLLECTIVES='abc': expected a step")
+    assert checked == []
+
+
+def test_an_invalid_enable_value_is_refused_not_read_as_off(monkeypatch):
+    monkeypatch.setenv(envs.ENABLE.name, "maybe")
+    with pytest.raises(envs.EnvError, match="VLLM_KIMI_EXT='maybe'"):
+        plugin.register()
 
 
 def test_entry_point_is_declared():

@@ -24,7 +24,7 @@ def test_apply_replace_keep_original_and_revert(caplog):
         def hello(self) -> str:
             return Shout.original("hello")(self).upper()
 
-    with caplog.at_level(logging.INFO, logger="vllm_kimi_ext.patching"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.patching"):
         assert Shout.apply() is True
     try:
         assert Greeter().hello() == "HELLO"
@@ -36,6 +36,29 @@ def test_apply_replace_keep_original_and_revert(caplog):
         assert Shout.revert() is True
     assert Greeter().hello() == "hello"
     assert Shout.revert() is False
+
+
+class Callable_:
+    def __call__(self) -> str:
+        return "called"
+
+
+def test_special_methods_are_patchable_and_class_machinery_is_not():
+    class Louder(Patch[Callable_]):
+        """A docstring is class machinery, not a replacement."""
+
+        note: str  # so is an annotation
+
+        def __call__(self) -> str:
+            return Louder.original("__call__")(self).upper()
+
+    assert set(Louder.replacements()) == {"__call__"}
+    Louder.apply()
+    try:
+        assert Callable_()() == "CALLED"
+    finally:
+        Louder.revert()
+    assert Callable_()() == "called"
 
 
 def test_second_patch_on_same_attribute_is_refused():

@@ -178,3 +178,52 @@ def test_orphan_test_file_index_row_and_dangling_link_are_found(mirror):
     assert "tests/vllm/test_patch_9999_gone.py: no patch with this number" in found
     assert any(f.startswith(f"{NOTES}/README.md: no row") for f in found)
     assert "README.md: link to missing note 0001-renamed.md" in found
+
+
+# ---- runtime patches (vllm_kimi_ext/runtime/): notes R01, R02, ... ----------------
+RUNTIME_SECTIONS = ("## Purpose", "## Why not upstream yet", "## Design", "## Test Plan",
+                    "## Test Result", "## Risks", "## Upgrade risk")
+RUNTIME_FRONT = FRONT + ("upstream_pr",)
+
+
+def _runtime_notes() -> dict[str, tuple[str, dict[str, str], str]]:
+    """``{patch field: (note file name, front matter, text)}`` of every R note."""
+    out = {}
+    for note in sorted((REPO_ROOT / NOTES).glob("R[0-9][0-9]-*.md")):
+        text = note.read_text()
+        front = _front_matter(text) or {}
+        assert front.get("patch") not in out, f"{note.name}: a second note for {front['patch']}"
+        out[front.get("patch")] = (note.name, front, text)
+    return out
+
+
+def test_each_runtime_patch_has_a_complete_note_and_index_row():
+    from vllm_kimi_ext import runtime
+
+    index = (REPO_ROOT / NOTES / "README.md").read_text()
+    notes = _runtime_notes()
+    for d in runtime.declared_patches():
+        key = f"vllm_kimi_ext/runtime/{d.module}.py:{d.name}"
+        assert key in notes, f"{d.ref}: no upstream-notes/R<NN>-*.md with `patch: {key}`"
+        name, front, text = notes[key]
+        assert set(RUNTIME_FRONT) <= set(front), \
+            f"{name}: front matter lacks {set(RUNTIME_FRONT) - set(front)}"
+        assert name.startswith(front["id"] + "-"), f"{name}: id {front['id']} != file name"
+        for attr in d.attributes:
+            assert f"{d.target}.{attr}" in front["targets"], f"{name}: targets lacks {attr}"
+        assert front["upstream_pr"].split()[0].rstrip(":,;—") in ("yes", "no"), \
+            f"{name}: upstream_pr must start with yes or no"
+        for section in RUNTIME_SECTIONS:
+            assert section in text, f"{name} lacks {section!r}"
+        result = text.split("## Test Result", 1)[1].split("\n## ", 1)[0]
+        assert re.search(r"\d", result), f"{name}: Test Result carries no numbers"
+        assert f"| {front['id']} |" in index and name in index, f"index lacks {front['id']}"
+
+
+def test_no_orphan_runtime_notes():
+    from vllm_kimi_ext import runtime
+
+    declared = {f"vllm_kimi_ext/runtime/{d.module}.py:{d.name}"
+                for d in runtime.declared_patches()}
+    for key, (name, _, _) in _runtime_notes().items():
+        assert key in declared, f"{name} names {key}, which is no runtime patch"

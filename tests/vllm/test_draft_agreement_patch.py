@@ -14,17 +14,40 @@ def test_patch_wraps_propose_and_reverts():
         TargetDependentARSpeculator,
     )
 
-    from vllm_kimi_ext.drafts.agreement import agreement_patch
+    from vllm_kimi_ext.runtime.target_dependent_ar_speculator import (
+        TargetDependentARSpeculatorAgreementCheck as Check,
+    )
 
     original = TargetDependentARSpeculator.__dict__.get("propose")
-    patch = agreement_patch()
-    assert patch is agreement_patch()  # one class per process
-    patch.apply()
+    Check.apply()
     try:
         assert TargetDependentARSpeculator.propose is not original
     finally:
-        patch.revert()
+        Check.revert()
     assert TargetDependentARSpeculator.__dict__.get("propose") is original
+
+
+def test_patch_checks_only_unsharded_drafts(monkeypatch):
+    """The patched propose returns the stock tokens and hands them to the check
+    exactly when the draft model runs un-sharded."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_kimi_ext.drafts import agreement
+    from vllm_kimi_ext.runtime.target_dependent_ar_speculator import (
+        TargetDependentARSpeculatorAgreementCheck as Check,
+    )
+
+    checked = []
+    monkeypatch.setattr(agreement, "check_draft_agreement", checked.append)
+    tokens = torch.tensor([[4, 5]])
+    monkeypatch.setattr(Check, "original", classmethod(
+        lambda cls, name: lambda self, *a, **k: tokens))
+    sharded = SimpleNamespace(model=SimpleNamespace(runs_unsharded=False))
+    unsharded = SimpleNamespace(model=SimpleNamespace(runs_unsharded=True))
+    assert Check.__dict__["propose"](sharded) is tokens and checked == []
+    assert Check.__dict__["propose"](unsharded) is tokens and checked == [tokens]
 
 
 def test_single_rank_is_a_no_op():
@@ -35,10 +58,9 @@ def test_single_rank_is_a_no_op():
     check_draft_agreement(torch.tensor([[1, 2, 3]]))  # TP=1: nothing to compare
 
 
-def test_enabled_by_env(monkeypatch):
-    from vllm_kimi_ext.drafts import agreement
+def test_enabled_by_env():
+    from vllm_kimi_ext import runtime
 
-    monkeypatch.delenv(agreement.CHECK_ENV, raising=False)
-    assert not agreement.check_enabled()
-    monkeypatch.setenv(agreement.CHECK_ENV, "1")
-    assert agreement.check_enabled()
+    ref = "target_dependent_ar_speculator:TargetDependentARSpeculatorAgreementCheck"
+    assert ref not in runtime.selected({})
+    assert ref in runtime.selected({"VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT": "1"})

@@ -1,7 +1,8 @@
 """The plugin's configuration-time draft check (`drafts.hook`) inside vLLM.
 
 Runs on stock and patched vLLM alike: the check is a runtime patch of
-`VllmConfig._limit_max_model_len_to_draft`, applied and reverted here.
+`VllmConfig._limit_max_model_len_to_draft` (`runtime/vllm_config.py`), applied and
+reverted here.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture
 def hook():
+    from vllm_kimi_ext import runtime
     from vllm_kimi_ext.drafts import hook as hook_mod
+    from vllm_kimi_ext.runtime.vllm_config import VllmConfigDraftCheck
 
-    applied = hook_mod.apply()
-    assert applied == ["CheckDraftAtConfigTime"]
+    assert runtime.install(VllmConfigDraftCheck) == ["VllmConfigDraftCheck"]
     try:
         yield hook_mod
     finally:
-        hook_mod.revert()
+        VllmConfigDraftCheck.revert()
 
 
 def test_hook_refuses_reduced_vocab_head_without_d2t_at_config_time(hook, tiny_kimi_dir,
@@ -60,3 +62,14 @@ def test_check_speculative_config_ignores_runs_without_drafts(tiny_kimi_dir):
     from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
 
     check_speculative_config(make_vllm_config(tiny_kimi_dir))  # no speculative config
+
+
+def test_skip_flag_is_read_at_call_time(hook, tiny_kimi_dir, tmp_path, monkeypatch):
+    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+
+    draft = tmp_path / "no-d2t"
+    write_tiny_eagle3(draft, TinyKimiSpec(),
+                      TinyEagle3Spec(draft_vocab_size=300, with_d2t=False))
+    monkeypatch.setenv("VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "yes")
+    make_vllm_config(tiny_kimi_dir, speculative_config={  # skipped: vLLM accepts it
+        "method": "eagle3", "model": str(draft), "num_speculative_tokens": 2})

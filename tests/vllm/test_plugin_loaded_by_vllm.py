@@ -13,11 +13,17 @@ pytestmark = pytest.mark.vllm
 
 _PROBE = """
 import json
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+configure_logging(LoggingConfig())  # as every vLLM process does before loading plugins
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 load_general_plugins()  # vLLM may call it again in the same process
 from vllm_kimi_ext.patching import applied_patches
 print("APPLIED " + json.dumps(applied_patches()))
+import vllm.envs
+print("REGISTERED " + json.dumps(sorted(k for k in vllm.envs.environment_variables
+                                        if k.startswith("VLLM_KIMI_EXT"))))
 """
 
 
@@ -28,18 +34,37 @@ def _run(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
                           env=env, timeout=300)
 
 
-def test_enabled_plugin_applies_its_runtime_patches_once():
-    proc = _run({"VLLM_KIMI_EXT": "1"})
+def _status_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [x for x in (proc.stdout + proc.stderr).splitlines() if "vllm-kimi-ext " in x
+            and " active (pid " in x]
+
+
+def test_enabled_plugin_applies_its_runtime_patches_once_and_says_so_in_one_line():
+    from vllm_kimi_ext import __version__, compat, envs
+
+    proc = _run({"VLLM_KIMI_EXT": "1", "VLLM_LOGGING_LEVEL": "INFO"})  # vLLM's default level
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("APPLIED "))
     applied = json.loads(line[len("APPLIED "):])
-    assert applied == {"CheckDraftAtConfigTime": ["VllmConfig._limit_max_model_len_to_draft"]}
+    assert applied == {"VllmConfigDraftCheck": ["VllmConfig._limit_max_model_len_to_draft"]}
+    status = _status_lines(proc)
+    assert len(status) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = compat.applied_record()
+    assert f"vllm-kimi-ext {__version__} active" in status[0]
+    assert f"digest {record['digest'][:12]}" in status[0]
+    assert f"({len(record['series'])} patches" in status[0]
+    assert "runtime patches: VllmConfigDraftCheck;" in status[0]
+    assert "INFO" in status[0]  # through vLLM's handler and format, not dropped
+    registered = next(x for x in proc.stdout.splitlines() if x.startswith("REGISTERED "))
+    assert json.loads(registered[len("REGISTERED "):]) == sorted(f.name for f in envs.FLAGS)
 
 
 def test_disabled_plugin_changes_nothing():
-    proc = _run({})
+    proc = _run({"VLLM_LOGGING_LEVEL": "INFO"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "APPLIED {}" in proc.stdout
+    assert "REGISTERED []" in proc.stdout  # off: vLLM keeps warning, the variable is inert
+    assert _status_lines(proc) == []
 
 
 _CONFIG_PROBE = """

@@ -3,7 +3,8 @@
 All tensor-parallel communication in vLLM goes through the methods of
 ``vllm.distributed.parallel_state.GroupCoordinator`` (``tensor_model_parallel_*``
 in ``communication_op.py`` are thin wrappers over ``get_tp_group().<op>``).
-:class:`CollectiveCounter` wraps those methods with a runtime patch and records,
+:class:`CollectiveCounter` wraps those methods with a runtime patch
+(``runtime/group_coordinator.py``, installed by the first ``start()``) and records,
 for every call that really communicates (``world_size > 1``; vLLM bypasses a
 1-rank group without communicating, and so do we), the group, the operation,
 the phase label in force and the payload bytes this rank contributes
@@ -14,19 +15,22 @@ Phases are labels pushed with ``counter.phase("draft")``; unlabelled calls count
 as ``"target"``. The counter is process-local: under tensor parallelism each
 rank counts its own calls (they are identical by construction of SPMD code,
 which the tests check).
+
+In a serving process (``VLLM_KIMI_EXT_COUNT_COLLECTIVES=N``) :func:`start_live_counting`
+runs one counter for the process's life; the model-runner patch labels the draft
+phase (:func:`label_draft_phase`) and reports every N steps (:func:`live_step_done`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
-
-from vllm_kimi_ext.patching import Patch
 
 logger = logging.getLogger("vllm_kimi_ext.comm")
 
@@ -179,44 +183,29 @@ def phase(name: str) -> Iterator[None]:
 _nesting = threading.local()
 
 
-def _make_wrapper(op: str):
-    def wrapper(self, *args, **kwargs):
-        counter = CollectiveCounter._active
-        outermost = not getattr(_nesting, "depth", 0)
-        if counter is not None and outermost and self.world_size > 1:
-            # only the outermost call counts: e.g. broadcast_tensor_dict may
-            # call broadcast internally, which is one collective to the caller
-            counter.record(self.unique_name, op, args, kwargs)
-        _nesting.depth = getattr(_nesting, "depth", 0) + 1
-        try:
-            return GroupCoordinatorCounting.original(op)(self, *args, **kwargs)
-        finally:
-            _nesting.depth -= 1
+def counted_call(group: Any, op: str, original: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``original(group, *args, **kwargs)`` (a ``GroupCoordinator`` collective),
+    recording it in the active counter; the body of
+    :class:`~vllm_kimi_ext.runtime.group_coordinator.GroupCoordinatorCounting`.
 
-    wrapper.__name__ = op
-    wrapper.__qualname__ = f"GroupCoordinatorCounting.{op}"
-    return wrapper
-
-
-_PATCH_CLASS: type | None = None
+    Only the outermost call counts: e.g. ``broadcast_tensor_dict`` may call
+    ``broadcast`` internally, which is one collective to the caller."""
+    counter = CollectiveCounter._active
+    outermost = not getattr(_nesting, "depth", 0)
+    if counter is not None and outermost and group.world_size > 1:
+        counter.record(group.unique_name, op, args, kwargs)
+    _nesting.depth = getattr(_nesting, "depth", 0) + 1
+    try:
+        return original(group, *args, **kwargs)
+    finally:
+        _nesting.depth -= 1
 
 
 def _install_group_patch() -> None:
-    """Patch GroupCoordinator once per process; the wrappers are inert while
-    no counter is active, so the patch can stay installed."""
-    global _PATCH_CLASS, GroupCoordinatorCounting
-    if _PATCH_CLASS is None:
-        from vllm.distributed.parallel_state import GroupCoordinator
+    """The wrappers are inert while no counter is active, so the patch stays installed."""
+    from vllm_kimi_ext import runtime
 
-        methods = {op: _make_wrapper(op) for op in COLLECTIVE_METHODS
-                   if hasattr(GroupCoordinator, op)}
-        _PATCH_CLASS = type("GroupCoordinatorCounting", (Patch,),
-                            {"_target": GroupCoordinator, **methods})
-        GroupCoordinatorCounting = _PATCH_CLASS
-    _PATCH_CLASS.apply()
-
-
-GroupCoordinatorCounting: Any = None  # set by _install_group_patch
+    runtime.install(runtime.GROUP_COUNTING)
 
 
 class StepReporter:
@@ -247,3 +236,47 @@ class StepReporter:
         if len(self.counter.calls) > 1_000_000:
             self.counter.calls = self.counter.calls[self._mark:]
             self._mark = 0
+
+
+# ---- live counting in a serving process (VLLM_KIMI_EXT_COUNT_COLLECTIVES=N) ----
+_live: dict[str, StepReporter] = {}
+
+
+def start_live_counting(every: int) -> StepReporter:
+    """Count this process's collectives from now on and report every ``every``
+    steps (re-entrant: the first call's reporter stays)."""
+    if "reporter" not in _live:
+        counter = CollectiveCounter._active or CollectiveCounter().start()
+        _live["reporter"] = StepReporter(counter, every=every)
+    return _live["reporter"]
+
+
+def stop_live_counting() -> None:
+    reporter = _live.pop("reporter", None)
+    if reporter is not None:
+        reporter.counter.stop()
+
+
+def live_step_done() -> None:
+    """One model-runner step finished (no-op unless live counting runs)."""
+    reporter = _live.get("reporter")
+    if reporter is not None:
+        reporter.step_done()
+
+
+def label_draft_phase(runner: Any) -> None:
+    """Label the collectives of ``runner.speculator.propose`` as phase ``"draft"``
+    (wraps the speculator instance's bound method once; vLLM's speculators are
+    different classes, one instance per runner)."""
+    spec = getattr(runner, "speculator", None)
+    if spec is None or getattr(spec, "_kimi_ext_labelled", False):
+        return
+    inner = spec.propose
+
+    @functools.wraps(inner)
+    def propose(*args, **kwargs):
+        with phase("draft"):
+            return inner(*args, **kwargs)
+
+    spec.propose = propose
+    spec._kimi_ext_labelled = True

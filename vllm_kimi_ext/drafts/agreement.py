@@ -6,22 +6,17 @@ inputs, deterministic kernels), and verification relies on it. This check
 proves it at run time: it all-gathers the draft token ids over the target's
 tensor-parallel group after each ``propose`` and raises on any difference.
 It costs one small all-gather per step, so it is off unless
-``VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT=1`` (read when the plugin registers).
+``VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT=1`` (read when the plugin registers; the
+patch: ``vllm_kimi_ext/runtime/target_dependent_ar_speculator.py``).
 """
 
 from __future__ import annotations
 
-import os
-
-CHECK_ENV = "VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT"
+from typing import Any
 
 
 class DraftDisagreement(RuntimeError):
     """Tensor-parallel ranks proposed different draft tokens."""
-
-
-def check_enabled() -> bool:
-    return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def check_draft_agreement(draft_tokens, group=None) -> None:
@@ -50,27 +45,8 @@ def check_draft_agreement(draft_tokens, group=None) -> None:
                 "check for non-deterministic kernels or rank-dependent inputs.")
 
 
-_PATCH: list = []
-
-
-def agreement_patch():
-    """The runtime patch (not yet applied): check draft agreement after every
-    ``propose`` of the EAGLE/EAGLE-3/MTP speculators (the ones that can run
-    their draft un-sharded) when the draft runs un-sharded."""
-    if _PATCH:
-        return _PATCH[0]
-    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import (
-        TargetDependentARSpeculator,
-    )
-
-    from vllm_kimi_ext.patching import Patch
-
-    class CheckDraftAgreement(Patch[TargetDependentARSpeculator]):
-        def propose(self, *args, **kwargs):
-            tokens = CheckDraftAgreement.original("propose")(self, *args, **kwargs)
-            if getattr(getattr(self, "model", None), "runs_unsharded", False):
-                check_draft_agreement(tokens)
-            return tokens
-
-    _PATCH.append(CheckDraftAgreement)
-    return CheckDraftAgreement
+def check_after_propose(speculator: Any, draft_tokens) -> None:
+    """:func:`check_draft_agreement` when ``speculator`` runs its draft un-sharded
+    (only then does each rank compute its draft tokens on its own)."""
+    if getattr(getattr(speculator, "model", None), "runs_unsharded", False):
+        check_draft_agreement(draft_tokens)

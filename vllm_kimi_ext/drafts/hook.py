@@ -5,23 +5,20 @@ built ``VllmConfig``: errors raise (nothing is served), warnings are logged.
 The seam is ``VllmConfig._limit_max_model_len_to_draft``, which
 ``VllmConfig.__post_init__`` calls once the speculative config (draft model
 config included) exists and *before* vLLM lowers ``max_model_len`` to the
-draft's, so the context-cap warning can name the length the user asked for.
-
-Call :func:`apply` from ``runtime_patches.apply_all``.
+draft's, so the context-cap warning can name the length the user asked for
+(the patch: ``vllm_kimi_ext/runtime/vllm_config.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
-from vllm_kimi_ext.patching import Patch
+from vllm_kimi_ext import envs
 
 logger = logging.getLogger("vllm_kimi_ext")
 
 CHECKED_METHODS = ("eagle3", "dflash", "mtp")
-_patch_classes: list[type[Patch]] = []
 
 
 def _local_dir(name: str | None) -> Path | None:
@@ -82,27 +79,9 @@ def check_speculative_config(vllm_config) -> None:
     raise_on_errors(report, logger)
 
 
-def config_check_patches() -> list[type[Patch]]:
-    """The runtime patch that runs :func:`check_speculative_config`."""
-    if _patch_classes:
-        return _patch_classes
-    from vllm.config import VllmConfig
-
-    class CheckDraftAtConfigTime(Patch[VllmConfig]):
-        def _limit_max_model_len_to_draft(self) -> None:
-            if os.environ.get("VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "") not in ("1", "true"):
-                check_speculative_config(self)
-            return CheckDraftAtConfigTime.original("_limit_max_model_len_to_draft")(self)
-
-    _patch_classes.append(CheckDraftAtConfigTime)
-    return _patch_classes
-
-
-def apply() -> list[str]:
-    """Apply the config-time draft check; returns the patch names applied now."""
-    return [p.__name__ for p in config_check_patches() if p.apply()]
-
-
-def revert() -> None:
-    for p in _patch_classes:
-        p.revert()
+def check_unless_skipped(vllm_config) -> None:
+    """:func:`check_speculative_config` unless ``VLLM_KIMI_EXT_SKIP_DRAFT_CHECK`` is on."""
+    if envs.SKIP_DRAFT_CHECK.get():
+        logger.debug("vllm-kimi-ext draft check skipped (%s)", envs.SKIP_DRAFT_CHECK.name)
+        return
+    check_speculative_config(vllm_config)

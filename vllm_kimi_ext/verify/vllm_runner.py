@@ -1,15 +1,17 @@
 """Vocab-sharded verification inside vLLM 0.34.0's GPU model runner (opt-in).
 
 Enabled by ``VLLM_KIMI_EXT_SHARDED_VERIFY=1`` (with the plugin on). Two runtime
-patches:
+patches (``vllm_kimi_ext/runtime/sampler.py`` and ``gpu_model_runner.py``) call
+into this module:
 
-* ``Sampler.add_request`` is wrapped to remember each request slot's
-  ``SamplingParams``, so a step's eligibility is decided by
+* ``Sampler.add_request`` remembers each request slot's ``SamplingParams``
+  (:func:`remember_sampling_params`), so a step's eligibility is decided by
   :func:`~vllm_kimi_ext.verify.plan.plan_verification` from the real parameters
   (top-p, penalties, bad words, logit bias, logprobs, structured output, ... →
   fallback with that reason);
-* ``GPUModelRunner.sample`` takes the sharded path for eligible verification
-  steps: ``compute_logits_local`` (patch 0002) instead of the logits all-gather,
+* ``GPUModelRunner.sample`` runs :func:`sample_step`, which takes the sharded
+  path for eligible verification steps: ``compute_logits_local`` (patch 0002)
+  instead of the logits all-gather,
   :class:`~vllm_kimi_ext.verify.sharded.VocabShardedVerifier` over vLLM's TP group
   (one all-gather of 16 bytes per row per rank for greedy and one-hot drafts),
   then vLLM's own ``get_num_sampled_and_rejected`` and ``SamplerOutput``.
@@ -26,22 +28,21 @@ server yet (see the README's feature table).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from vllm_kimi_ext.verify.plan import Fallback, FallbackCounter, plan_verification
 
 logger = logging.getLogger("vllm_kimi_ext.verify")
 
-ENABLE_ENV = "VLLM_KIMI_EXT_SHARDED_VERIFY"
 #: Fallback reasons counted since start (per process).
 FALLBACKS = FallbackCounter(logger)
-_PARAMS_ATTR = "_kimi_ext_params"
-_state: dict[str, Any] = {"patches": None, "steps": 0}
+_PARAMS_ATTR = "_kimi_ext_params"  # on the Sampler: {request slot: SamplingParams}
+_VERIFIERS_ATTR = "_kimi_ext_verifiers"  # on the runner: {shard width: verifier}
+_state: dict[str, Any] = {"steps": 0}
 
 
-def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes")
+def remember_sampling_params(sampler: Any, req_idx: int, sampling_params: Any) -> None:
+    sampler.__dict__.setdefault(_PARAMS_ATTR, {})[req_idx] = sampling_params
 
 
 def request_params(sampler: Any, idx_mapping_np) -> list[Any] | None:
@@ -159,47 +160,34 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
     return so, num_sampled, num_rejected
 
 
-def patches() -> list:
-    """The two runtime patch classes (created once per process)."""
-    if _state["patches"] is not None:
-        return _state["patches"]
+def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any,
+                grammar_output: Any):
+    """``GPUModelRunner.sample`` with sharded verification: an eligible
+    verification step runs :func:`sharded_sample`; any other step runs
+    ``original`` (the stock method), an ineligible verification step counted in
+    :data:`FALLBACKS` with its reason."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-    from vllm.v1.worker.gpu.sample.sampler import Sampler
 
-    from vllm_kimi_ext.patching import Patch
     from vllm_kimi_ext.verify.sharded import VocabShardedVerifier, group_coordinator_all_gather
 
-    class RememberSamplingParams(Patch[Sampler]):
-        def add_request(self, req_idx, sampling_params):
-            store = self.__dict__.setdefault(_PARAMS_ATTR, {})
-            store[req_idx] = sampling_params
-            return RememberSamplingParams.original("add_request")(self, req_idx, sampling_params)
+    tp = get_tp_group().world_size
+    vocab = runner.model_config.get_vocab_size()
+    reason = ineligibility(runner, input_batch, grammar_output, tp, vocab)
+    if reason is not None:
+        if reason not in ("tp1", "not_verification"):
+            FALLBACKS.record(Fallback(reason=reason))
+        return original(runner, hidden_states, input_batch, grammar_output)
+    cache = runner.__dict__.setdefault(_VERIFIERS_ATTR, {})
 
-    class ShardedVerifyInModelRunner(Patch[GPUModelRunner]):
-        def sample(self, hidden_states, input_batch, grammar_output):
-            original = ShardedVerifyInModelRunner.original("sample")
-            tp = get_tp_group().world_size
-            vocab = self.model_config.get_vocab_size()
-            reason = ineligibility(self, input_batch, grammar_output, tp, vocab)
-            if reason is not None:
-                if reason not in ("tp1", "not_verification"):
-                    FALLBACKS.record(Fallback(reason=reason))
-                return original(self, hidden_states, input_batch, grammar_output)
-            cache = self.__dict__.setdefault("_kimi_ext_verifiers", {})
+    def make_verifier(shard_width: int):
+        if shard_width not in cache:  # the lm_head's (padded) vocab shard
+            cache[shard_width] = VocabShardedVerifier(
+                vocab, tp, get_tensor_model_parallel_rank(),
+                group_coordinator_all_gather(get_tp_group()), shard_width=shard_width)
+        return cache[shard_width]
 
-            def make_verifier(shard_width: int):
-                if shard_width not in cache:  # the lm_head's (padded) vocab shard
-                    cache[shard_width] = VocabShardedVerifier(
-                        vocab, tp, get_tensor_model_parallel_rank(),
-                        group_coordinator_all_gather(get_tp_group()), shard_width=shard_width)
-                return cache[shard_width]
-
-            _state["steps"] += 1
-            if _state["steps"] % 1000 == 0:
-                logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s",
-                            _state["steps"], FALLBACKS.as_dict())
-            return sharded_sample(self, hidden_states, input_batch, make_verifier)
-
-    _state["patches"] = [RememberSamplingParams, ShardedVerifyInModelRunner]
-    return _state["patches"]
+    _state["steps"] += 1
+    if _state["steps"] % 1000 == 0:
+        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s",
+                    _state["steps"], FALLBACKS.as_dict())
+    return sharded_sample(runner, hidden_states, input_batch, make_verifier)

@@ -1,0 +1,162 @@
+"""Every ``VLLM_KIMI_EXT*`` environment variable, defined once.
+
+Each :class:`Flag` carries its name, kind, default and the sentence README's
+environment-variable table is generated from (``python -m vllm_kimi_ext.envs``
+prints the table; ``tests/unit/test_envs.py`` fails when README differs).
+
+Values are read at call time (``FLAG.get()``), never cached: a variable set just
+before ``vllm serve``, or by a test, takes effect at the next read.
+
+One truthy rule for every on/off flag: ``1``, ``true``, ``yes``, ``on`` are on;
+``0``, ``false``, ``no``, ``off`` and the empty string are off (any case,
+surrounding blanks ignored). Anything else raises :class:`EnvError`, a one-line
+message naming the variable, its value and what was expected: a typo never
+silently means "off".
+
+Stdlib only (``noxfile.py`` imports it before any environment exists).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+_BOOL_EXPECTED = "one of " + "/".join(TRUE_WORDS) + " (on) or " + "/".join(FALSE_WORDS[:-1]) \
+    + " (off)"
+
+
+class EnvError(ValueError):
+    """An environment variable of this package holds a value it cannot mean."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise EnvError(f"{name}={raw!r}: expected {_BOOL_EXPECTED}")
+
+
+def _parse_steps(name: str, raw: str) -> int:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS[1:]:
+        return 1
+    if word in FALSE_WORDS:
+        return 0
+    try:
+        steps = int(word)
+    except ValueError:
+        steps = -1
+    if steps < 0:
+        raise EnvError(f"{name}={raw!r}: expected a step interval N >= 0 (0 or off: disabled; "
+                       "on: every step)")
+    return steps
+
+
+def _parse_path(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+_PARSERS = {"bool": _parse_bool, "steps": _parse_steps, "path": _parse_path}
+_VALUES = {"bool": "on / off", "steps": "N steps", "path": "directory"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One environment variable: ``get()`` reads and parses it now."""
+
+    name: str
+    kind: str  # "bool" | "steps" | "path"
+    default: Any
+    doc: str
+    #: the default as the README table shows it
+    shown_default: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in _PARSERS:
+            raise ValueError(f"{self.name}: unknown kind {self.kind!r}")
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        return self.name in (os.environ if environ is None else environ)
+
+    def get(self, environ: Mapping[str, str] | None = None) -> Any:
+        """The parsed value (the default when unset); :class:`EnvError` when invalid."""
+        environ = os.environ if environ is None else environ
+        raw = environ.get(self.name)
+        if raw is None:
+            return self.default
+        return _PARSERS[self.kind](self.name, raw)
+
+
+ENABLE = Flag(
+    "VLLM_KIMI_EXT", "bool", False,
+    "enable the plugin (entry point `vllm.general_plugins: kimi_ext`); every variable below "
+    "but `VLLM_KIMI_EXT_ENV` acts only with it", "off")
+ALLOW_MISMATCH = Flag(
+    "VLLM_KIMI_EXT_ALLOW_MISMATCH", "bool", False,
+    "downgrade the vLLM-version / patch-series refusal to a warning (bisecting only)", "off")
+COUNT_COLLECTIVES = Flag(
+    "VLLM_KIMI_EXT_COUNT_COLLECTIVES", "steps", 0,
+    "count collectives per phase (target / draft / verify) in each worker and log per-step "
+    "averages every N steps (`on` = every step)", "0 = off")
+CHECK_DRAFT_AGREEMENT = Flag(
+    "VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT", "bool", False,
+    "debug: all-gather the draft token ids after each step of an un-sharded draft "
+    "(`draft_tensor_parallel_size: 1`) and fail loudly if TP ranks disagree", "off")
+SHARDED_VERIFY = Flag(
+    "VLLM_KIMI_EXT_SHARDED_VERIFY", "bool", False,
+    "verify drafts over vocabulary shards instead of all-gathering logits (experimental; "
+    "every ineligible step falls back to stock, counted per reason)", "off")
+SKIP_DRAFT_CHECK = Flag(
+    "VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "bool", False,
+    "skip the configuration-time draft checks (`vllm-kimi-ext doctor` runs the same checks "
+    "by hand)", "off")
+PROJECT_ENV = Flag(
+    "VLLM_KIMI_EXT_ENV", "path", None,
+    "nox: the project environment that `apply-patches` creates and every session runs in",
+    "`.venv`")
+
+FLAGS: tuple[Flag, ...] = (ENABLE, ALLOW_MISMATCH, COUNT_COLLECTIVES, CHECK_DRAFT_AGREEMENT,
+                           SHARDED_VERIFY, SKIP_DRAFT_CHECK, PROJECT_ENV)
+PREFIX = ENABLE.name
+
+
+def check_all(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every flag that is set; one :class:`EnvError` naming all invalid ones."""
+    problems = []
+    for flag in FLAGS:
+        try:
+            flag.get(environ)
+        except EnvError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise EnvError("; ".join(problems))
+
+
+def markdown_table() -> str:
+    """README's environment-variable table."""
+    rows = ["| Environment variable | Values (default) | Effect |", "|---|---|---|"]
+    for f in FLAGS:
+        rows.append(f"| `{f.name}` | {_VALUES[f.kind]} ({f.shown_default}) | {f.doc} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m vllm_kimi_ext.envs``: print README's table."""
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        print("usage: python -m vllm_kimi_ext.envs  (prints README's environment-variable "
+              "table)", file=sys.stderr)
+        return 2
+    print(markdown_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

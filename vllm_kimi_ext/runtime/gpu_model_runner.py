@@ -1,0 +1,37 @@
+"""Runtime patches of ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``.
+
+Two features, disjoint attributes: live collective counting owns
+``execute_model`` and ``sample_tokens``; sharded verification owns ``sample``.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+from vllm_kimi_ext.comm import accounting
+from vllm_kimi_ext.patching import Patch
+from vllm_kimi_ext.verify import vllm_runner
+
+
+class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
+    """Live collective counting: the speculator's ``propose`` counts as phase
+    ``"draft"``, and every finished step feeds the per-N-steps report."""
+
+    def execute_model(self, *args, **kwargs):
+        accounting.label_draft_phase(self)
+        return GPUModelRunnerStepCounting.original("execute_model")(self, *args, **kwargs)
+
+    def sample_tokens(self, *args, **kwargs):
+        try:
+            return GPUModelRunnerStepCounting.original("sample_tokens")(self, *args, **kwargs)
+        finally:
+            accounting.live_step_done()
+
+
+class GPUModelRunnerShardedVerify(Patch[GPUModelRunner]):
+    """Eligible verification steps over vocabulary shards; every other step
+    through the stock method (:func:`~vllm_kimi_ext.verify.vllm_runner.sample_step`)."""
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        return vllm_runner.sample_step(self, GPUModelRunnerShardedVerify.original("sample"),
+                                       hidden_states, input_batch, grammar_output)
