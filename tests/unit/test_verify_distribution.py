@@ -33,13 +33,7 @@ ALPHA = 1e-4
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """Small tensors: one intra-op thread is as fast and immune to CPU contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 # --- deliberately wrong verifiers --------------------------------------------
 class RefRecoverFromP(ReferenceVerifier):

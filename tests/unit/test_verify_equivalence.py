@@ -18,14 +18,7 @@ from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
 from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """Small tensors: one intra-op thread is as fast and immune to CPU contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 TPS = [1, 2, 4, 8]
 

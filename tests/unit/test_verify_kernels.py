@@ -74,10 +74,15 @@ def test_auto_backend_on_cpu_is_torch():
     assert torch.equal(shard_local_stats(*args), shard_local_stats_torch(*args))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
 def test_triton_kernel_in_interpreter():
-    """The Triton kernel (run by Triton's CPU interpreter) agrees with fused torch,
-    and its noise hash is bit-identical."""
+    """The Triton kernels (run by Triton's CPU interpreter) agree with fused torch, their
+    noise hash is bit-identical, an excluded draft that dominates its row is never the
+    Gumbel-max, ties at a cut are kept up to the tie column, and the sharded verifier
+    on the Triton backend equals the reference with top-p. Runs on every Linux CI
+    machine: Triton is a test dependency (``pip install -e .[test]``), not optional."""
+    assert importlib.util.find_spec("triton") is not None, (
+        "triton is missing: install the test extras (pip install -e .[test])")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     r = subprocess.run(
@@ -87,4 +92,8 @@ def test_triton_kernel_in_interpreter():
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
     assert summary["hash_words_checked"] > 0
-    assert len(summary["cases"]) >= 5
+    assert len(summary["cases"]) >= 7
+    assert sum(c["dominant_drafts"] for c in summary["cases"]) >= 2
+    sharded = summary["sharded"]
+    assert sharded["identical"] == sharded["num_reqs"]
+    assert len(sharded["collectives"]) >= 3  # threshold, >= 1 wider top-p round, stats

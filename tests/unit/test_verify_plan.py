@@ -24,12 +24,7 @@ from vllm_kimi_ext.verify.sharded import full_gather_bytes_per_row
 KIMI_V = 163840
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def test_plan_numbers_per_mode():
@@ -110,6 +105,13 @@ def test_plan_verification_sharded_and_collective_count():
     # greedy ignores top_p (vLLM does too)
     assert isinstance(plan_verification([SimpleNamespace(temperature=0.0, top_p=0.5)],
                                         tp_size=8, vocab_size=KIMI_V), ShardedPlan)
+    # top-p is sharded only for a caller that passes top_p to the verifier
+    kimi = [SimpleNamespace(temperature=1.0, top_p=0.95), SimpleNamespace(temperature=0.6,
+                                                                           top_p=0.95)]
+    assert plan_verification(kimi, tp_size=8, vocab_size=KIMI_V).reason == "top_p"
+    sharded = plan_verification(kimi, tp_size=8, vocab_size=KIMI_V, top_p_sharded=True)
+    assert isinstance(sharded, ShardedPlan)
+    assert (sharded.top_p_reqs, sharded.num_collectives) == (2, 2)
 
 
 @pytest.mark.parametrize("field,value,reason", [

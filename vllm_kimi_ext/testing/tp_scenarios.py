@@ -149,8 +149,9 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     vocab-sharded verifier works from ``compute_logits_local`` and exchanges
     statistics through vLLM's TP group (``GroupCoordinator.all_gather``, so the
     collective counter sees it, in phase "verify"); the reference verifier runs
-    on the gathered full logits. Also runs a top-p step, which must be planned
-    as a counted fallback.
+    on the gathered full logits. Also runs a top-p step (Kimi's own settings,
+    temperature 1.0 / 0.6 with top_p 0.95) through the sharded cut; planned
+    without ``top_p_sharded`` it stays a counted fallback.
     """
     import torch
     from vllm.config import set_current_vllm_config
@@ -195,6 +196,13 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     ref = ReferenceVerifier(vocab).verify(full, batch)
     top_p_plan = plan_verification([{"temperature": 1.0, "top_p": 0.9}], tp_size=tp,
                                    vocab_size=vocab, counter=fallbacks)
+    kimi = [{"temperature": t, "top_p": 0.95} for t in (1.0, 0.6, 1.0)]
+    kimi_plan = plan_verification(kimi, tp_size=tp, vocab_size=vocab, top_p_sharded=True)
+    top_p_batch = VerifyBatch.from_draft_tokens(drafts, [1.0, 0.6, 1.0], seeds,
+                                                top_p=[0.95] * num_reqs)
+    with CollectiveCounter() as cc_p, cc_p.phase("verify"):
+        out_p = verifier.verify(local, top_p_batch)
+    ref_p = ReferenceVerifier(vocab).verify(full, top_p_batch)
     return {
         "plan_collectives": plan.num_collectives,
         "counted": cc.summary(),
@@ -206,4 +214,12 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
         "stock_gather_bytes_per_rank": rows * local.shape[-1] * local.element_size(),
         "top_p_fallback": getattr(top_p_plan, "reason", None),
         "fallbacks": fallbacks.as_dict(),
+        "top_p": {
+            "plan_collectives": kimi_plan.num_collectives,
+            "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.collectives],
+            "counted": cc_p.summary(),
+            "sharded_tokens": out_p.tokens(),
+            "reference_tokens": ref_p.tokens(),
+            "escalations": dict(verifier.escalations),
+        },
     }

@@ -57,6 +57,10 @@ def scenarios(vocab_size: int = 1001, num_reqs: int = 48, k: int = 3):
     out.append(("top_k_min_p", logits_for(lists, 2.0),
                 VerifyBatch.from_draft_tokens(drafts, temps, seeds, top_k=top_k, min_p=min_p),
                 None))
+    top_p = torch.where(torch.arange(num_reqs) % 5 == 4, 1.0, 0.95)
+    z = logits_for(lists, 1.0).to(torch.bfloat16)  # bf16: ties at the cut
+    out.append(("top_p", z, VerifyBatch.from_draft_tokens(
+        drafts, temps, seeds, top_k=top_k, min_p=min_p, top_p=top_p), None))
     z = logits_for(lists, 1.0)
     q = torch.softmax(z + torch.randn(z.shape, generator=g), dim=1)
     b = VerifyBatch.from_draft_tokens(drafts, temps, seeds, top_k=top_k)
@@ -80,7 +84,9 @@ def worker(rank: int, world_size: int, port: int, backend: str = "gloo",
             ag = CountingAllGather(raw)
             shard = shard_columns(logits, world_size, V, pad_value=1e30)[rank]
             qs = None if q is None else shard_columns(q, world_size, V)[rank]
-            v = VocabShardedVerifier(V, world_size, rank, ag, backend="torch")
+            # m = 8: flat random rows need the wider rounds too
+            v = VocabShardedVerifier(V, world_size, rank, ag, backend="torch", top_p_width=8,
+                                     top_p_escalation=(32,))
             out = v.verify(shard, batch, qs)
             plan = v.last_plan
             assert plan is not None

@@ -4,8 +4,9 @@
   the only tolerated difference is a *certified* rounding flip: an accept test
   whose uniform lies within ``margin_tol`` (in log space) of ``p(x)/q(x)``, or
   a probabilistic-draft residual sample whose two candidates' residual scores
-  are within ``score_tol`` of each other. Greedy and one-hot decisions must be
-  identical.
+  are within ``score_tol`` of each other, or a top-p nucleus whose cumulative
+  mass lies within ``nucleus_tol`` of ``top_p`` (float64 on both sides). Greedy
+  and one-hot decisions must be identical.
 * :func:`chi_square`: Pearson statistic and p-value (via the regularized upper
   incomplete gamma function, no scipy needed).
 """
@@ -41,6 +42,7 @@ def assert_equivalent(
     score_tol: float = 1e-4,
     max_flip_fraction: float = 1e-3,
     allow_score_ties: bool = False,
+    nucleus_tol: float = 1e-9,
 ) -> EquivalenceReport:
     """Compare two outputs request by request (see module docstring).
 
@@ -65,6 +67,11 @@ def assert_equivalent(
         # rejected at `pos` and sampled different tokens.
         ma = float(ref.accept_margin[row]) if ref.accept_margin is not None else float("nan")
         mb = float(other.accept_margin[row]) if other.accept_margin is not None else float("nan")
+        nucleus = [float(o.nucleus_margin[row]) for o in (ref, other)
+                   if o.nucleus_margin is not None]
+        if any(abs(x) < nucleus_tol for x in nucleus):
+            flips += 1  # the nucleus itself sits within float rounding of top_p
+            continue
         len_differs = (len(a) != len(b)) or (pos < len(a) - 1) or (pos < len(b) - 1)
         if len_differs:
             assert abs(ma) < margin_tol or abs(mb) < margin_tol, (

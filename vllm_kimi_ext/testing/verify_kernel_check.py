@@ -12,7 +12,12 @@ backends; the integer hash may not differ at all):
 * the raw 32-bit noise hashes of both backends are compared bit for bit by
   :func:`check_hash_bits` (Triton side through a tiny kernel);
 * the merge+decide kernel gives the same ``(sampled, num_sampled)`` as the torch
-  path (:func:`check_decide`).
+  path (:func:`check_decide`);
+* rows whose own draft token dominates the row (with exclusion on, the
+  Gumbel-max must skip it) and cuts with a tie column (ties at the threshold
+  kept only up to a column);
+* the whole sharded verifier on the Triton backend (top-p, TP = 2) equals the
+  full-vocabulary reference (:func:`check_sharded`).
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from vllm_kimi_ext.verify.kernels import (
 NEG_INF = float("-inf")
 
 
-def _case(R, S, V, col_offset, dtype, device, seed, thr=False, scale=4.0):
+def _case(R, S, V, col_offset, dtype, device, seed, thr=False, scale=4.0, dominant=False):
     g = torch.Generator().manual_seed(seed)
-    z = (torch.randn(R, S, generator=g) * scale).to(dtype)
+    z = (torch.randn(R, S, generator=g) * scale).round(decimals=1).to(dtype)  # ties
     temps = torch.tensor([[0.0, 1.0, 0.7, 1.9, 0.3][i % 5] for i in range(R)])
     threshold = None
     if thr:
@@ -45,14 +50,27 @@ def _case(R, S, V, col_offset, dtype, device, seed, thr=False, scale=4.0):
     # drafts: owned by this shard, owned by another, padding ids, placeholders
     draft = torch.randint(max(col_offset - S, 0), col_offset + 2 * S, (R,), generator=g)
     draft = torch.where(torch.rand(R, generator=g) < 0.15, torch.tensor(-1), draft)
+    if dominant:  # owned drafts that win their row by far: only the exclusion hides them
+        n_valid = max(1, min(S, V - col_offset))
+        col = torch.randint(0, n_valid, (R,), generator=g)
+        z[torch.arange(R), col] = (z.float().max(dim=1).values + 40 * scale).to(dtype)
+        draft = col + col_offset
     seeds = torch.randint(-(2**62), 2**62, (R,), generator=g)
     pos = torch.randint(0, 2**20, (R,), generator=g)
     args = [z, temps, threshold, draft, seeds, pos]
     return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
 
 
+def _tie_cols(threshold, S, seed):
+    """A tie column per row (-1 .. S): ties at the threshold kept only up to it."""
+    if threshold is None:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-1, S + 1, (threshold.shape[0],), generator=g).to(threshold.device)
+
+
 def compare_stats(a: torch.Tensor, b: torch.Tensor, args, col_offset: int, vocab_size: int,
-                  exclude: bool, tol: float = 2e-5) -> dict:
+                  exclude: bool, tol: float = 2e-5, tie_col=None) -> dict:
     """Compare torch stats ``a`` with Triton stats ``b``; raise AssertionError if off."""
     a = a.cpu()
     b = b.cpu()
@@ -68,7 +86,8 @@ def compare_stats(a: torch.Tensor, b: torch.Tensor, args, col_offset: int, vocab
     if diff:
         z, temps, thr, _draft, seeds, pos = [x.cpu() if isinstance(x, torch.Tensor) else x
                                             for x in args]
-        s = masked_scaled_shard(z, temps, thr, col_offset, vocab_size)
+        s = masked_scaled_shard(z, temps, thr, col_offset, vocab_size,
+                                None if tie_col is None else tie_col.cpu())
         gid = torch.arange(z.shape[1]) + col_offset
         for r in diff:
             ia, ib = int(a[r, 1]) - col_offset, int(b[r, 1]) - col_offset
@@ -146,38 +165,71 @@ def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
             "mean_num_sampled": float(a[1].float().mean())}
 
 
+def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) -> dict:
+    """The sharded verifier on the Triton backend vs the full-vocabulary reference:
+    top-p (with a small first round, so the wider rounds run too), top-k, bf16 ties."""
+    from .batch import VerifyBatch
+    from .reference import ReferenceVerifier
+    from .simulate import simulate_sharded_verify
+    from .testing_utils import assert_equivalent
+
+    g = torch.Generator().manual_seed(3)
+    drafts = torch.randint(0, V, (num_reqs, 3), generator=g)
+    temps = torch.where(torch.rand(num_reqs, generator=g) < 0.25, 0.0, 1.0)
+    b = VerifyBatch.from_draft_tokens(drafts, temps, torch.arange(num_reqs), device=device,
+                                      top_p=[0.9] * num_reqs, top_k=[0, 5] * (num_reqs // 2))
+    z = (torch.randn(b.num_rows, V, generator=g) * 2).to(torch.bfloat16).to(device)
+    out, group, outs = simulate_sharded_verify(z, b, tp, V, backend="triton", top_p_width=4,
+                                               top_p_escalation=(16,))
+    assert all(torch.equal(o.sampled, out.sampled) for o in outs[1:])
+    ref = ReferenceVerifier(V).verify(z, b)
+    rep = assert_equivalent(ref, out, b, logits=z, vocab_size=V, allow_score_ties=True)
+    return rep.__dict__ | {"collectives": [shape for shape, _ in group.calls[0]]}
+
+
 def run_checks(device: str = "cuda", quick: bool = False) -> dict:
     """Run every configuration; returns a summary (raises on mismatch)."""
     cases = [
-        # R, S, V, col_offset, dtype, threshold, splits, block
-        (6, 300, 1000, 800, torch.bfloat16, True, 1, 64),
-        (6, 300, 1000, 800, torch.float32, False, 3, 64),
-        (9, 257, 600, 257, torch.float16, True, None, 64),
-        (5, 100, 50, 0, torch.float32, True, 2, 32),  # mostly padding
-        (4, 64, 100, 128, torch.float32, False, 1, 32),  # all padding
+        # R, S, V, col_offset, dtype, threshold, splits, block, dominant drafts
+        (6, 300, 1000, 800, torch.bfloat16, True, 1, 64, False),
+        (6, 300, 1000, 800, torch.float32, False, 3, 64, False),
+        (9, 257, 600, 257, torch.float16, True, None, 64, False),
+        (5, 100, 50, 0, torch.float32, True, 2, 32, False),  # mostly padding
+        (4, 64, 100, 128, torch.float32, False, 1, 32, False),  # all padding
+        (8, 300, 1000, 300, torch.bfloat16, False, 3, 64, True),
+        (7, 200, 1000, 0, torch.float32, True, 1, 64, True),
     ]
     if not quick:
         cases += [
-            (16, 20480, 163840, 7 * 20480, torch.bfloat16, False, None, 1024),
-            (64, 20480, 163840, 3 * 20480, torch.bfloat16, True, None, 1024),
-            (4, 20480, 163840, 0, torch.float32, False, 1, 1024),
+            (16, 20480, 163840, 7 * 20480, torch.bfloat16, False, None, 1024, False),
+            (64, 20480, 163840, 3 * 20480, torch.bfloat16, True, None, 1024, False),
+            (4, 20480, 163840, 0, torch.float32, False, 1, 1024, False),
+            (32, 20480, 163840, 5 * 20480, torch.bfloat16, True, None, 1024, True),
         ]
     summary = {"device": device, "cases": [], "hash_words_checked": check_hash_bits(device),
                "decide": [check_decide(device), check_decide(device, tp=3, num_reqs=33),
                           check_decide(device, tp=8, num_reqs=10, all_greedy=True)]}
-    for i, (R, S, V, off, dtype, thr, splits, block) in enumerate(cases):
-        args = _case(R, S, V, off, dtype, device, seed=100 + i, thr=thr)
-        exclude = i % 2 == 0
-        a = shard_local_stats_torch(*args, off, V, exclude)
-        b = shard_local_stats_triton(*args, off, V, exclude, block=block, splits=splits)
-        res = compare_stats(a, b, args, off, V, exclude)
+    for i, (R, S, V, off, dtype, thr, splits, block, dominant) in enumerate(cases):
+        args = _case(R, S, V, off, dtype, device, seed=100 + i, thr=thr, dominant=dominant)
+        exclude = dominant or i % 2 == 0
+        tie = _tie_cols(args[2], S, seed=200 + i)
+        a = shard_local_stats_torch(*args, off, V, exclude, tie_col=tie)
+        b = shard_local_stats_triton(*args, off, V, exclude, tie_col=tie, block=block,
+                                     splits=splits)
+        res = compare_stats(a, b, args, off, V, exclude, tie_col=tie)
+        if dominant:  # the excluded draft must never be the reported Gumbel-max
+            sampling, draft = args[1].cpu() != 0, args[3].cpu()
+            assert not bool(((b[:, 1].cpu().long() == draft) & sampling).any()), \
+                "Triton statistics report the excluded draft as the Gumbel-max"
         res.update(R=R, S=S, V=V, dtype=str(dtype), threshold=thr, splits=splits,
-                   exclude=exclude)
+                   exclude=exclude, dominant_drafts=dominant)
         summary["cases"].append(res)
-        a2 = shard_local_stats_torch(*args, off, V, exclude, 2)
-        b2 = shard_local_stats_triton(*args, off, V, exclude, 2, block=block, splits=splits)
+        a2 = shard_local_stats_torch(*args, off, V, exclude, 2, tie_col=tie)
+        b2 = shard_local_stats_triton(*args, off, V, exclude, 2, tie_col=tie, block=block,
+                                      splits=splits)
         assert b2.shape == (R, 2)
-        compare_stats(a2, b2, args, off, V, exclude)
+        compare_stats(a2, b2, args, off, V, exclude, tie_col=tie)
+    summary["sharded"] = check_sharded(device)
     return summary
 
 

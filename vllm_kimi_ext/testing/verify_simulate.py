@@ -98,11 +98,13 @@ def simulate_sharded_verify(
     pad_value: float = 0.0,
     verifier_cls: type[VocabShardedVerifier] = VocabShardedVerifier,
     backend: str = "torch",
+    **verifier_kwargs: Any,
 ) -> tuple[VerifyOutput, ThreadedGroup, list[VerifyOutput]]:
     """Run the sharded verifier on all ranks in-process.
 
     Returns rank 0's output, the group (collective log) and every rank's output
-    (which must all be identical).
+    (which must all be identical). ``verifier_kwargs`` go to the verifier
+    (e.g. ``top_p_width``).
     """
     shards = shard_columns(logits, tp_size, vocab_size, shard_width, pad_value)
     qshards = (shard_columns(draft_probs, tp_size, vocab_size, shard_width, 0.0)
@@ -110,7 +112,7 @@ def simulate_sharded_verify(
 
     def fn(rank: int, ag: AllGather) -> VerifyOutput:
         v = verifier_cls(vocab_size, tp_size, rank, ag, shard_width=shard_width,
-                         backend=backend)
+                         backend=backend, **verifier_kwargs)
         return v.verify(shards[rank], batch, None if qshards is None else qshards[rank])
 
     outs, group = run_ranks(tp_size, fn)

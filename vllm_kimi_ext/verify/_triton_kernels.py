@@ -107,11 +107,18 @@ def _draft_col(draft_ptr, row, col_offset, n_valid):
 
 
 @triton.jit
+def _kept(s, thr, col, lim):
+    """The cut of :mod:`.cuts`: above the threshold, or tied with it up to column ``lim``."""
+    return (s > thr) | ((s == thr) & (col <= lim))
+
+
+@triton.jit
 def _stats_kernel(
     logits_ptr,
     logits_stride,
     temp_ptr,
     thr_ptr,
+    lim_ptr,
     draft_ptr,
     seed_ptr,
     pos_ptr,
@@ -136,8 +143,10 @@ def _stats_kernel(
     is_sampling = temp != 0.0
     safe_t = tl.where(is_sampling, temp, 1.0)
     thr = float("-inf")
+    lim = n_valid
     if HAS_THR:
         thr = tl.load(thr_ptr + row)
+        lim = tl.load(lim_ptr + row)
     dcol = _draft_col(draft_ptr, row, col_offset, n_valid)  # -1 if not owned
     lo = split * chunk
     hi = tl.minimum(lo + chunk, n_valid)
@@ -153,7 +162,9 @@ def _stats_kernel(
             ok = cols < hi
             z = tl.load(base + cols, mask=ok, other=float("-inf")).to(tl.float32)
             s = tl.div_rn(z, safe_t)
-            s = tl.where(ok & (s >= thr), s, float("-inf"))
+            if HAS_THR:
+                ok = ok & _kept(s, thr, cols, lim)
+            s = tl.where(ok, s, float("-inf"))
             # online log-sum-exp
             bm = tl.max(s, axis=0)
             m_new = tl.maximum(m, bm)
@@ -188,7 +199,8 @@ def _stats_kernel(
         if (dcol >= 0) & is_sampling:
             zx = tl.load(base + dcol).to(tl.float32)
             sx = tl.div_rn(zx, safe_t)
-            sx = tl.where(sx >= thr, sx, float("-inf"))
+            if HAS_THR:
+                sx = tl.where(_kept(sx, thr, dcol, lim), sx, float("-inf"))
         tl.store(out_ptr + row * W + 0, best_v)
         tl.store(out_ptr + row * W + 1, (best_i + col_offset).to(tl.float32))
         if W == 4:
@@ -208,6 +220,7 @@ def _combine_kernel(
     logits_stride,
     temp_ptr,
     thr_ptr,
+    lim_ptr,
     draft_ptr,
     part_m_ptr,
     part_se_ptr,
@@ -226,8 +239,10 @@ def _combine_kernel(
     is_sampling = temp != 0.0
     safe_t = tl.where(is_sampling, temp, 1.0)
     thr = float("-inf")
+    lim = n_valid
     if HAS_THR:
         thr = tl.load(thr_ptr + row)
+        lim = tl.load(lim_ptr + row)
     offs = tl.arange(0, PSPLIT)
     ok = offs < nsplit
     p = row * nsplit + offs
@@ -249,7 +264,8 @@ def _combine_kernel(
     if (dcol >= 0) & is_sampling:
         zx = tl.load(logits_ptr + row * logits_stride + dcol).to(tl.float32)
         sx = tl.div_rn(zx, safe_t)
-        sx = tl.where(sx >= thr, sx, float("-inf"))
+        if HAS_THR:
+            sx = tl.where(_kept(sx, thr, dcol, lim), sx, float("-inf"))
     tl.store(out_ptr + row * W + 0, bv)
     tl.store(out_ptr + row * W + 1, (bi + col_offset).to(tl.float32))
     if W == 4:
@@ -326,8 +342,8 @@ def _decide_kernel(
     tl.store(margin_ptr + rows, margin, mask=jm)
 
 
-def launch_stats(logits_shard, temp, thr, draft, seeds, pos, out, parts, n_valid, col_offset,
-                 chunk, splits, has_thr, exclude, block, num_warps, width):
+def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_valid,
+                 col_offset, chunk, splits, has_thr, exclude, block, num_warps, width):
     R = logits_shard.shape[0]
     single = splits == 1
     if single:
@@ -336,7 +352,7 @@ def launch_stats(logits_shard, temp, thr, draft, seeds, pos, out, parts, n_valid
     else:
         pm, pse, pgv, pgi = parts
     _stats_kernel[(R, splits)](
-        logits_shard, logits_shard.stride(0), temp, thr, draft, seeds, pos,
+        logits_shard, logits_shard.stride(0), temp, thr, lim, draft, seeds, pos,
         pm, pse, pgv, pgi, out,
         n_valid, col_offset, chunk, splits,
         HAS_THR=has_thr, EXCLUDE=exclude, SINGLE=single, BLOCK=block, W=width,
@@ -344,7 +360,7 @@ def launch_stats(logits_shard, temp, thr, draft, seeds, pos, out, parts, n_valid
     )
     if not single:
         _combine_kernel[(R,)](
-            logits_shard, logits_shard.stride(0), temp, thr, draft, pm, pse, pgv, pgi, out,
+            logits_shard, logits_shard.stride(0), temp, thr, lim, draft, pm, pse, pgv, pgi, out,
             n_valid, col_offset, splits,
             HAS_THR=has_thr, PSPLIT=triton.next_power_of_2(splits), W=width, num_warps=1,
         )

@@ -39,6 +39,8 @@ class VerifyBatch:
     #: int64 ``[num_rows]`` or None: the sequence position of each row (noise key).
     #: Defaults to the row index inside its request.
     positions: torch.Tensor | None = None
+    #: float32 ``[num_reqs]`` or None; 1 means off (vLLM requires ``0 < top_p <= 1``).
+    top_p: torch.Tensor | None = None
     _layout: RowLayout | None = field(default=None, init=False, repr=False, compare=False)
 
     @staticmethod
@@ -50,6 +52,7 @@ class VerifyBatch:
         min_p: Sequence[float] | torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         device: torch.device | str | None = None,
+        top_p: Sequence[float] | torch.Tensor | None = None,
     ) -> VerifyBatch:
         """Build a batch from per-request draft token lists (``k_i`` may differ)."""
         if isinstance(draft_tokens, torch.Tensor):
@@ -81,6 +84,7 @@ class VerifyBatch:
             top_k=_t(top_k, torch.int64),
             min_p=_t(min_p, torch.float32),
             positions=_t(positions, torch.int64),
+            top_p=_t(top_p, torch.float32),
         )
 
     def replace(self, **changes) -> VerifyBatch:
@@ -123,9 +127,10 @@ class RowLayout:
     #: int64 [num_reqs, max_rows_per_req] row index (clamped) and validity mask.
     pad_index: torch.Tensor
     pad_valid: torch.Tensor
-    #: Per-request top-k (0 = off) and min-p (0 = off), already normalised.
+    #: Per-request top-k (0 = off), min-p (0 = off) and top-p (1 = off), already normalised.
     top_k: torch.Tensor
     min_p: torch.Tensor
+    top_p: torch.Tensor
     _modes: dict = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
@@ -157,6 +162,12 @@ class RowLayout:
             min_p = batch.min_p.to(device=dev, dtype=torch.float32)
         else:
             min_p = torch.zeros(num_reqs, dtype=torch.float32, device=dev)
+        if batch.top_p is not None:
+            top_p = batch.top_p.to(device=dev, dtype=torch.float32)
+            if num_reqs and not bool(((top_p > 0) & (top_p <= 1)).all()):
+                raise ValueError("VerifyBatch.top_p: every value must be in (0, 1]")
+        else:
+            top_p = torch.ones(num_reqs, dtype=torch.float32, device=dev)
         positions = (
             batch.positions.to(device=dev, dtype=torch.int64)
             if batch.positions is not None
@@ -178,6 +189,7 @@ class RowLayout:
             pad_valid=pad_valid,
             top_k=top_k,
             min_p=min_p,
+            top_p=top_p,
         )
 
     def effective_top_k(self, vocab_size: int) -> torch.Tensor:
@@ -189,6 +201,11 @@ class RowLayout:
     def effective_min_p(self) -> torch.Tensor:
         greedy = self.temperature_per_req() == 0
         return torch.where(greedy, torch.zeros_like(self.min_p), self.min_p)
+
+    def effective_top_p(self) -> torch.Tensor:
+        """Per-request top-p with greedy requests off (1.0)."""
+        greedy = self.temperature_per_req() == 0
+        return torch.where(greedy, torch.ones_like(self.top_p), self.top_p)
 
     def temperature_per_req(self) -> torch.Tensor:
         out = torch.zeros(self.num_reqs, dtype=torch.float32, device=self.temperature.device)
@@ -212,13 +229,19 @@ class RowLayout:
 @dataclass
 class HostModes:
     all_greedy: bool
-    #: Rows (indices) of sampling requests with top-k and/or min-p, or None.
+    #: Rows (indices) of sampling requests with top-k, min-p and/or top-p, or None.
     thr_rows: torch.Tensor | None
-    #: float32 values each rank sends per threshold row (max top-k, 1 for min-p alone).
+    #: Largest top-k of the threshold rows (each rank sends at least that many values;
+    #: 1 for min-p alone).
     thr_width: int
-    #: Per threshold row: effective top-k (0 = off) and min-p (0 = off).
+    #: Per threshold row: effective top-k (0 = off), min-p (0 = off), top-p (1 = off).
     thr_top_k: torch.Tensor | None
     thr_min_p: torch.Tensor | None
+    thr_top_p: torch.Tensor | None
+    #: Some threshold row uses top-p (its round also carries the shard log-sum-exp).
+    has_top_p: bool
+    #: Some top-p row has no top-k: its cut may need a wider second round.
+    top_p_may_escalate: bool
     #: Indices of the sampling (non-greedy) requests.
     sampling_reqs: torch.Tensor
     num_sampling_reqs: int
@@ -228,15 +251,21 @@ class HostModes:
         greedy_req = L.temperature_per_req() == 0
         top_k = L.effective_top_k(vocab_size)
         min_p = L.effective_min_p()
-        need_req = (top_k > 0) | (min_p > 0)
+        top_p = L.effective_top_p()
+        need_req = (top_k > 0) | (min_p > 0) | (top_p < 1)
         need_rows = need_req[L.req_of_row]
-        thr_rows = thr_k = thr_p = None
+        thr_rows = thr_k = thr_p = thr_tp = None
         width = 0
+        has_top_p = may_escalate = False
         if bool(need_rows.any()):
             thr_rows = need_rows.nonzero().squeeze(1)
             thr_k = top_k[L.req_of_row][thr_rows]
             thr_p = min_p[L.req_of_row][thr_rows]
+            thr_tp = top_p[L.req_of_row][thr_rows]
             width = max(int(thr_k.max()), 1)
+            uses_p = thr_tp < 1
+            has_top_p = bool(uses_p.any())
+            may_escalate = bool((uses_p & (thr_k == 0)).any())
         sampling = (~greedy_req).nonzero().squeeze(1)
         return HostModes(
             all_greedy=bool(greedy_req.all()),
@@ -244,6 +273,9 @@ class HostModes:
             thr_width=width,
             thr_top_k=thr_k,
             thr_min_p=thr_p,
+            thr_top_p=thr_tp,
+            has_top_p=has_top_p,
+            top_p_may_escalate=may_escalate,
             sampling_reqs=sampling,
             num_sampling_reqs=int(sampling.numel()),
         )
@@ -262,6 +294,11 @@ class VerifyOutput:
     #: certify that a disagreement between two implementations sits within float
     #: rounding of the acceptance threshold.
     accept_margin: torch.Tensor | None = None
+    #: float64 ``[num_rows]``: distance of the top-p target from the cumulative mass
+    #: on either side of the nucleus cut (NaN for rows without top-p). Diagnostic
+    #: only: a nucleus that differs between two implementations must sit within
+    #: float rounding of it.
+    nucleus_margin: torch.Tensor | None = None
 
     def tokens(self) -> list[list[int]]:
         return [
@@ -288,6 +325,7 @@ def assemble_output(
     decision_row: torch.Tensor,
     decision_token: torch.Tensor,
     accept_margin: torch.Tensor | None = None,
+    nucleus_margin: torch.Tensor | None = None,
 ) -> VerifyOutput:
     """Write accepted drafts and the decision token into vLLM's padded output."""
     steps = torch.arange(layout.max_rows_per_req, device=num_accepted.device)
@@ -299,4 +337,5 @@ def assemble_output(
         sampled=sampled,
         num_sampled=(num_accepted + 1).to(torch.int32),
         accept_margin=accept_margin,
+        nucleus_margin=nucleus_margin,
     )

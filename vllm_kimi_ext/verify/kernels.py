@@ -19,8 +19,10 @@ slot   meaning
 3      ``s_x``: ``s`` at the draft token if this shard owns it, else ``-inf``.
 =====  =====================================================================
 
-``mask`` sets ``s_v = -inf`` where ``s_v < threshold`` (the exact min-p/top-k
-cut, already merged over ranks) or where ``v`` is padding. When every row is
+``mask`` keeps ``s_v > threshold`` and, at ``s_v == threshold``, the columns
+``<= tie_col`` (the exact min-p/top-k/top-p cut of :mod:`.cuts`, already merged
+over ranks: the rank's share of a prefix of the row in (value, id) order); it
+sets every other ``s_v`` and the padding to ``-inf``. When every row is
 greedy only slots 0-1 are produced (``width=2``: 8 bytes per row).
 
 After the all-gather, :func:`decide` merges the ``[TP, rows, W]`` statistics
@@ -71,14 +73,22 @@ def masked_scaled_shard(
     threshold: torch.Tensor | None,
     col_offset: int,
     vocab_size: int,
+    tie_col: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``mask(z / T)`` on a shard: threshold cut and padding columns set to ``-inf``."""
+    """``mask(z / T)`` on a shard: the cut (``s > threshold``, or ``s == threshold``
+    at columns ``<= tie_col``; all ties kept without ``tie_col``) and padding."""
     S = logits_shard.shape[1]
     s = scale_logits(logits_shard, temperature)
-    valid = (torch.arange(S, device=s.device) + col_offset) < vocab_size
-    drop = ~valid[None, :]
+    cols = torch.arange(S, device=s.device)
+    drop = ~((cols + col_offset) < vocab_size)[None, :]
     if threshold is not None:
-        drop = drop | (s < threshold[:, None])
+        thr = threshold[:, None]
+        keep = s > thr
+        if tie_col is None:
+            keep = keep | (s == thr)
+        else:
+            keep = keep | ((s == thr) & (cols[None, :] <= tie_col[:, None]))
+        drop = drop | ~keep
     return s.masked_fill(drop, NEG_INF)
 
 
@@ -100,6 +110,7 @@ def shard_local_stats_torch(
     vocab_size: int,
     exclude_draft: bool = True,
     width: int = 4,
+    tie_col: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused-torch shard statistics ``[rows, width]`` (see module docstring)."""
     R, S = logits_shard.shape
@@ -108,7 +119,8 @@ def shard_local_stats_torch(
     if R == 0:
         return out[:, :width]
     n_valid = max(0, min(S, vocab_size - col_offset))
-    s = masked_scaled_shard(logits_shard, temperature, threshold, col_offset, vocab_size)
+    s = masked_scaled_shard(logits_shard, temperature, threshold, col_offset, vocab_size,
+                            tie_col)
     greedy = temperature == 0
     dcol = _owned_cols(draft.to(torch.int64), col_offset, n_valid)
     owned = dcol >= 0
@@ -186,6 +198,7 @@ def shard_local_stats_triton(
     vocab_size: int,
     exclude_draft: bool = True,
     width: int = 4,
+    tie_col: torch.Tensor | None = None,
     *,
     block: int = 1024,
     splits: int | None = None,
@@ -216,13 +229,20 @@ def shard_local_stats_triton(
     splits = _cdiv(max(n_valid, 1), chunk)
     temp = _as(temperature, torch.float32)
     thr = _as(threshold, torch.float32) if threshold is not None else temp
+    if threshold is None:
+        lim = seeds  # never read
+    elif tie_col is None:
+        lim = torch.full((R,), S, dtype=torch.int64, device=dev)
+    else:
+        lim = _as(tie_col, torch.int64)
     parts = None
     if splits > 1:
         pm = torch.empty((R, splits), dtype=torch.float32, device=dev)
         parts = (pm, torch.empty_like(pm), torch.empty_like(pm),
                  torch.empty((R, splits), dtype=torch.int32, device=dev))
-    tk.launch_stats(logits_shard, temp, thr, _as(draft, torch.int64), _as(seeds, torch.int64),
-                    _as(positions, torch.int64), out, parts, n_valid, col_offset, chunk, splits,
+    tk.launch_stats(logits_shard, temp, thr, lim, _as(draft, torch.int64),
+                    _as(seeds, torch.int64), _as(positions, torch.int64), out, parts, n_valid,
+                    col_offset, chunk, splits,
                     threshold is not None, bool(exclude_draft), block, num_warps, width)
     return out
 
@@ -243,11 +263,13 @@ def shard_local_stats(
     exclude_draft: bool = True,
     backend: str = "auto",
     width: int = 4,
+    tie_col: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA when available (``backend="auto"``), else fused torch.
 
     Per-row arguments (length ``rows``): ``temperature`` (0 = greedy),
-    ``threshold`` (cut on ``z / T``; None = no cut), ``draft`` (global draft token
+    ``threshold`` (cut on ``z / T``; None = no cut), ``tie_col`` (last local
+    column kept among values equal to the threshold; None = all), ``draft`` (global draft token
     id, -1 for none), ``seeds``/``positions`` (noise keys). ``exclude_draft``:
     exclude the row's draft token (when this shard owns it) from the Gumbel-max
     (the one-hot residual); False for probabilistic drafts. ``width``: 4, or 2
@@ -255,7 +277,7 @@ def shard_local_stats(
     """
     fn = shard_local_stats_triton if _use_triton(backend, logits_shard) else shard_local_stats_torch
     return fn(logits_shard, temperature, threshold, draft, seeds, positions, col_offset,
-              vocab_size, exclude_draft, width)
+              vocab_size, exclude_draft, width, tie_col)
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Deciding, per verification step, between sharded verification and the full gather.
 
-The sharded verifier is exact for: greedy, temperature, top-k, min-p, one-hot
-and probabilistic drafts. Anything whose semantics need the whole logits row
+The sharded verifier is exact for: greedy, temperature, top-k, min-p, top-p,
+one-hot and probabilistic drafts. Anything whose semantics need the whole logits row
 on one rank (or state the shards do not have) falls back to vLLM's full
 all-gather of ``[rows, V]`` logits. A fallback is never silent: it is returned
 as a :class:`Fallback` with a reason and counted by a :class:`FallbackCounter`
@@ -10,8 +10,10 @@ as a :class:`Fallback` with a reason and counted by a :class:`FallbackCounter`
 Fallback reasons (first match in this order):
 
 ``vocab_too_large``   ids are exchanged as float32 (exact below ``2**24``)
-``top_p``             the nucleus cut needs the sorted cumulative mass; an exact
-                      sharded search takes data-dependent rounds (not done)
+``top_p``             only when the caller has not opted in to the sharded
+                      top-p cut (``top_p_sharded=False``, the default: a runner
+                      that does not pass ``top_p`` into its ``VerifyBatch`` must
+                      not take the sharded path)
 ``logprobs``          sampled/top logprobs need full rows
 ``penalties``         presence/frequency/repetition penalties (shard-local in
                       principle, but applied by vLLM on full logits; not ported)
@@ -72,13 +74,17 @@ class ShardedPlan:
     top_k_reqs: int
     min_p_reqs: int
     probabilistic_draft: bool
+    top_p_reqs: int = 0
 
     @property
     def num_collectives(self) -> int:
-        """1 (stats) + 1 if top-k/min-p + 1 if probabilistic drafts (with sampling)."""
+        """1 (stats) + 1 if top-k/min-p/top-p + 1 if probabilistic drafts (with sampling).
+
+        A top-p row whose cut the first threshold round cannot certify adds one per
+        wider round (data-dependent, not counted here)."""
         sampling = self.num_reqs - self.greedy_reqs
         n = 1
-        if self.top_k_reqs or self.min_p_reqs:
+        if self.top_k_reqs or self.min_p_reqs or self.top_p_reqs:
             n += 1
         if self.probabilistic_draft and sampling > 0:
             n += 1
@@ -91,13 +97,13 @@ def _get(p: Any, name: str, default: Any = None) -> Any:
     return getattr(p, name, default)
 
 
-def request_fallback_reasons(p: Any) -> list[str]:
+def request_fallback_reasons(p: Any, top_p_sharded: bool = False) -> list[str]:
     """All reasons one request's sampling parameters need the full gather."""
     reasons: list[str] = []
     temp = float(_get(p, "temperature", 1.0) or 0.0)
     sampling = temp > 0.0
     top_p = _get(p, "top_p", 1.0)
-    if sampling and top_p is not None and float(top_p) < 1.0:
+    if sampling and not top_p_sharded and top_p is not None and float(top_p) < 1.0:
         reasons.append("top_p")
     if _get(p, "logprobs") is not None or _get(p, "logprob_token_ids"):
         reasons.append("logprobs")
@@ -130,18 +136,21 @@ def plan_verification(
     probabilistic_draft: bool = False,
     custom_logits_processors: bool = False,
     counter: FallbackCounter | None = None,
+    top_p_sharded: bool = False,
 ) -> ShardedPlan | Fallback:
     """Sharded plan for a batch of requests, or the reason to gather full logits.
 
     ``sampling_params``: one object per request with vLLM ``SamplingParams``
     attribute names (dicts work too). The whole step falls back if any request
     needs it (the verification of a step is one batched operation).
+    ``top_p_sharded``: the caller passes each request's ``top_p`` to the verifier
+    (:attr:`.batch.VerifyBatch.top_p`), so top-p is verified sharded.
     """
     reasons: list[str] = []
     if vocab_size >= MAX_EXACT_FLOAT_ID:
         reasons.append("vocab_too_large")
     for p in sampling_params:
-        reasons.extend(request_fallback_reasons(p))
+        reasons.extend(request_fallback_reasons(p, top_p_sharded))
     if custom_logits_processors:
         reasons.append("logits_processors")
     if reasons:
@@ -151,7 +160,7 @@ def plan_verification(
         if counter is not None:
             counter.record(fb)
         return fb
-    greedy = top_k = min_p = 0
+    greedy = top_k = min_p = top_p = 0
     for p in sampling_params:
         t = float(_get(p, "temperature", 1.0) or 0.0)
         if t == 0.0:
@@ -162,6 +171,8 @@ def plan_verification(
             top_k += 1
         if float(_get(p, "min_p", 0.0) or 0.0) > 0.0:
             min_p += 1
+        if float(_get(p, "top_p", 1.0) or 1.0) < 1.0:
+            top_p += 1
     return ShardedPlan(
         tp_size=tp_size,
         num_reqs=len(sampling_params),
@@ -169,6 +180,7 @@ def plan_verification(
         top_k_reqs=top_k,
         min_p_reqs=min_p,
         probabilistic_draft=probabilistic_draft,
+        top_p_reqs=top_p,
     )
 
 

@@ -7,10 +7,24 @@ For each request with draft tokens ``x_1..x_k`` and target rows ``0..k``
   lowest token id); at the first rejection emit ``argmax z_i``; if all pass, emit
   the bonus ``argmax z_k``.
 * Sampling request: target ``p_i = softmax(mask(z_i / T))`` where ``mask`` applies
-  min-p then top-k exactly as vLLM does (``logits < threshold -> -inf``, ties
-  kept). Accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))``
+  min-p, then top-k, then top-p in vLLM 0.34.0's order (:func:`sampling_keep_mask`).
+  Accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))``
   (``q = 1`` for one-hot drafts); on the first rejection sample from
-  ``norm(max(0, p_i - q_i))``; if all pass sample the bonus from ``p_k``.
+  ``norm(max(0, p_i - q_i))``; if all pass sample the bonus from ``p_k``. With
+  top-p, ``p_i`` is the nucleus-renormalised distribution in all three.
+
+The mask, on the scaled row ``s = z / T`` sorted by (value descending, token id
+ascending), keeps a prefix of ``N`` tokens:
+
+* min-p: ``n_minp`` = number of tokens with ``s >= max(s) + log(min_p)`` (all tokens
+  tied with the cut are kept, as vLLM's ``logits < threshold -> -inf``);
+* top-k: ``N1 = min(n_minp, k)`` (exactly ``k``; tokens tied with the ``k``-th
+  value are kept lowest id first, as vLLM's Triton top-k kernel does);
+* top-p: with ``pi`` the softmax over those ``N1`` tokens, the smallest prefix
+  whose mass reaches ``top_p``: token ``i`` is kept iff the mass of the tokens
+  before it is ``< top_p`` (always at least one). Ties at the cut: lowest id
+  first. Masses are computed in float64 (the real-number definition to ~1e-15;
+  vLLM's kernels use float32, see ``docs/sharded-verification.md``).
 
 Randomness is counter-based (:mod:`.hashing`): the accept test of row ``j`` uses
 ``u(seed, pos_j)``; sampling uses Gumbel-max with noise ``g(seed, pos_j, v)``
@@ -59,16 +73,56 @@ def min_p_threshold(row_max: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return torch.where(min_p > 0, cut, torch.full_like(cut, NEG_INF))
 
 
-def combine_thresholds(kth: torch.Tensor, minp_cut: torch.Tensor) -> torch.Tensor:
-    """Min-p followed by top-k (vLLM's order) equals one cut at ``max(kth, minp_cut)``.
+def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Mass strictly before each position along dim 1."""
+    cum = torch.cumsum(x, dim=1)
+    return torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1), cum
 
-    Min-p keeps an upper set ``A = {s >= c}``. If ``|A| >= k`` the k largest
-    values all lie in ``A`` so top-k's k-th value is unchanged (``>= c``); if
-    ``|A| < k`` the k-th value of the masked row is ``-inf`` (top-k masks
-    nothing more) and the unmasked k-th value is ``< c``. Either way the kept
-    set is ``{s >= max(kth, c)}``.
+
+def nucleus_length(before: torch.Tensor, top_p: torch.Tensor,
+                   candidates: torch.Tensor) -> torch.Tensor:
+    """Tokens kept by top-p: those whose preceding mass is below ``top_p`` (at least 1)."""
+    return ((before < top_p[:, None]) & candidates).sum(dim=1).clamp(min=1)
+
+
+def nucleus_margin(before: torch.Tensor, cum: torch.Tensor, top_p: torch.Tensor,
+                   n: torch.Tensor) -> torch.Tensor:
+    """Distance of ``top_p`` from the cumulative mass on either side of the cut."""
+    last = (n - 1).clamp(min=0)[:, None]
+    lower = top_p - before.gather(1, last).squeeze(1)
+    through = cum.gather(1, last).squeeze(1)
+    upper = torch.where(through >= top_p, through - top_p, torch.full_like(through, float("inf")))
+    return torch.minimum(lower, upper)
+
+
+def sampling_keep_mask(s: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor,
+                       top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept tokens ``[rows, V]`` of min-p, top-k, top-p (see module docstring) and the
+    nucleus margin ``[rows]`` (float64, NaN where top-p is off).
+
+    ``top_k``: 0 = off; ``min_p``: 0 = off; ``top_p``: 1 = off. Plainly by a full
+    stable sort of each row.
     """
-    return torch.maximum(kth, minp_cut)
+    vals, ids = torch.sort(s, dim=1, descending=True, stable=True)
+    pos = torch.arange(s.shape[1], device=s.device)[None, :]
+    finite = vals > NEG_INF
+    cut = min_p_threshold(vals[:, 0], min_p)
+    n_kept = ((vals >= cut[:, None]) & finite).sum(dim=1)
+    n_kept = torch.where(top_k > 0, torch.minimum(n_kept, top_k), n_kept)
+    margin = torch.full((s.shape[0],), float("nan"), dtype=torch.float64, device=s.device)
+    nucleus = top_p < 1
+    if bool(nucleus.any()):
+        cand = pos < n_kept[:, None]
+        w = torch.where(cand, vals.double(), torch.full_like(vals, NEG_INF, dtype=torch.float64))
+        prob = torch.exp(w - torch.logsumexp(w, dim=1, keepdim=True))
+        before, cum = exclusive_cumsum(prob)
+        p = top_p.double()
+        n_nuc = nucleus_length(before, p, cand)
+        margin = torch.where(nucleus, nucleus_margin(before, cum, p, n_nuc), margin)
+        n_kept = torch.where(nucleus, n_nuc, n_kept)
+    keep = torch.zeros_like(s, dtype=torch.bool)
+    keep.scatter_(1, ids, pos < n_kept[:, None])
+    return keep, margin
 
 
 def residual_log_weights(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -98,24 +152,22 @@ class ReferenceVerifier:
     # ---------------------------------------------------------------------
     def masked_scaled_logits(self, logits: torch.Tensor, layout: RowLayout) -> torch.Tensor:
         """``mask(z / T)`` for every row (masks only on sampling rows)."""
+        return self._masked_scaled(logits, layout)[0]
+
+    def _masked_scaled(self, logits: torch.Tensor, layout: RowLayout):
         s = scale_logits(logits[:, : self.vocab_size], layout.temperature)
         top_k = layout.effective_top_k(self.vocab_size)[layout.req_of_row]
         min_p = layout.effective_min_p()[layout.req_of_row]
-        need = (top_k > 0) | (min_p > 0)
+        top_p = layout.effective_top_p()[layout.req_of_row]
+        margin = torch.full((s.shape[0],), float("nan"), dtype=torch.float64, device=s.device)
+        need = (top_k > 0) | (min_p > 0) | (top_p < 1)
         if bool(need.any()):
             rows = need.nonzero().squeeze(1)
             sr = s[rows]
-            kmax = int(top_k[rows].max())
-            if kmax > 0:
-                vals = torch.topk(sr, kmax, dim=1).values
-                k = top_k[rows]
-                kth = vals.gather(1, (k.clamp(min=1) - 1)[:, None]).squeeze(1)
-                kth = torch.where(k > 0, kth, torch.full_like(kth, NEG_INF))
-            else:
-                kth = torch.full((rows.numel(),), NEG_INF, device=s.device)
-            cut = combine_thresholds(kth, min_p_threshold(sr.max(dim=1).values, min_p[rows]))
-            s[rows] = torch.where(sr < cut[:, None], torch.full_like(sr, NEG_INF), sr)
-        return s
+            keep, m = sampling_keep_mask(sr, top_k[rows], min_p[rows], top_p[rows])
+            s[rows] = sr.masked_fill(~keep, NEG_INF)
+            margin[rows] = m
+        return s, margin
 
     def verify(
         self,
@@ -129,7 +181,7 @@ class ReferenceVerifier:
         dev = logits.device
         n = L.num_rows
         greedy = L.temperature == 0
-        s = self.masked_scaled_logits(logits, L)
+        s, nuc_margin = self._masked_scaled(logits, L)
         x = L.draft.clamp(min=0, max=V - 1)
         valid_draft = (L.draft >= 0) & (L.draft < V)
 
@@ -177,4 +229,5 @@ class ReferenceVerifier:
         sampled_tok = torch.argmax(scores, dim=1)
         token = torch.where(d_greedy, argmax[drow], sampled_tok)
         margin = torch.where(greedy, torch.full_like(margin, float("nan")), margin)
-        return assemble_output(L, num_accepted, drow, token, accept_margin=margin)
+        return assemble_output(L, num_accepted, drow, token, accept_margin=margin,
+                               nucleus_margin=nuc_margin)

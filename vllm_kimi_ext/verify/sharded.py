@@ -48,14 +48,21 @@ token excluded* (on bonus rows nothing is excluded). Per row and rank that is
 only sends ``(max, argmax)`` = 8 bytes. Token ids travel as float32, exact
 below ``2**24``.
 
-Top-k and min-p (exact, one extra round)
-----------------------------------------
-vLLM masks ``s < t`` with ``t`` the k-th largest value (ties kept) and/or
-``max + log(min_p)``. The global top-k multiset is contained in the union of
-the per-shard top-k multisets, so all-gathering each rank's top ``k_max``
-values (``4 * k_max`` bytes per row; ``k_max = 1`` for min-p alone, whose cut
-needs only the global max) gives every rank the exact threshold. The stats
-round then runs on masked logits: 2 collectives.
+Min-p, top-k and top-p (exact, one extra round)
+-----------------------------------------------
+vLLM's mask (min-p, then top-k, then top-p) keeps a prefix of the row in the
+order (value descending, token id ascending); :mod:`.cuts` finds it from each
+rank's first ``W`` values in that order (``W = max(k_max, m)`` with ``m`` =
+:data:`DEFAULT_TOP_P_WIDTH` when a row uses top-p, else ``k_max``; 1 for min-p
+alone) plus, with top-p, the shard log-sum-exp (two float32): ``4 * (W + 2)``
+bytes per row. Every rank then masks its shard with its share of the prefix and
+the stats round runs on the masked logits: 2 collectives. Min-p and top-k are
+always exact from this round. A top-p cut is exact when it lies above every
+rank's ``W``-th value (every nucleus token was sent) or top-k bounds the
+candidates; the other rows repeat the round with the wider ``top_p_escalation``
+widths and finally with the whole shard (counted in
+:attr:`VocabShardedVerifier.escalations`; each repeat is one more collective and
+one host synchronisation).
 
 Probabilistic drafts (q not one-hot): 2 collectives
 ----------------------------------------------------
@@ -70,8 +77,8 @@ for the same reason as above: the residual's log-weights are shard-local once
 ``LSE`` is known, and Gumbel-max samples proportionally to ``exp(weight)``
 without needing the residual's normaliser.
 
-Anything that needs the full row (top-p, logprobs, penalties, bad words, logit
-bias, structured output, ...) must use the full gather: see
+Anything that needs the full row (logprobs, penalties, bad words, logit bias,
+structured output, ...) must use the full gather: see
 :func:`.plan.plan_verification`.
 
 Numerics: the shards' per-token scores are bitwise identical to the
@@ -85,20 +92,23 @@ computes the merge from the same gathered bytes, so ranks never disagree.
 Cost per rank and step (Triton path): 3 kernel launches (shard statistics,
 split merge, decide) around the all-gather and no host synchronisation, so a
 step can be captured in a CUDA graph (top-k/min-p and probabilistic drafts add
-torch ops for their extra round).
+torch ops for their extra round; a top-p row that needs a wider round costs a
+host synchronisation).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from .batch import VerifyBatch, VerifyOutput
+from .batch import HostModes, VerifyBatch, VerifyOutput
+from .cuts import LSE_COLUMNS, join_float64, local_cut, local_top, merge_cuts, split_float64
 from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
 from .kernels import decide, masked_scaled_shard, merge_argmax, merge_lse, shard_local_stats
-from .reference import combine_thresholds, min_p_threshold, residual_log_weights
+from .reference import residual_log_weights
 
 NEG_INF = float("-inf")
 
@@ -112,6 +122,19 @@ STATS_WIDTH = 4
 GREEDY_STATS_WIDTH = 2
 RESIDUAL_WIDTH = 2
 FLOAT_BYTES = 4
+
+#: Values each rank sends per top-p row in the threshold round (``m``; chosen from
+#: the fallback-rate benchmark, see docs/sharded-verification.md).
+DEFAULT_TOP_P_WIDTH = 64
+#: Wider rounds for top-p rows whose cut ``m`` values cannot certify; the whole
+#: shard follows as the last (always exact) round.
+DEFAULT_TOP_P_ESCALATION = (1024,)
+
+
+def threshold_width(modes: HostModes, top_p_width: int) -> int:
+    """float32 columns per row of the threshold round (values, + the LSE with top-p)."""
+    values = max(modes.thr_width, top_p_width if modes.has_top_p else 1)
+    return values + (LSE_COLUMNS if modes.has_top_p else 0)
 
 
 # ---------------------------------------------------------------------------
@@ -134,10 +157,10 @@ class Collective:
 class BatchModes:
     """What decides the communication of a verification step.
 
-    ``threshold_rows``/``threshold_width``: rows that need the top-k/min-p round
-    and the number of float32 values each rank sends per such row (``k_max``, 1
-    for min-p alone). ``prob_requests``: sampling requests verified against a
-    probabilistic draft (they need the residual round).
+    ``threshold_rows``/``threshold_width``: rows that need the min-p/top-k/top-p
+    round and the float32 columns each rank sends per such row (``k_max``, 1 for
+    min-p alone; with top-p ``max(k_max, m) + 2``). ``prob_requests``: sampling
+    requests verified against a probabilistic draft (they need the residual round).
     """
 
     all_greedy: bool
@@ -146,12 +169,13 @@ class BatchModes:
     prob_requests: int = 0
 
     @staticmethod
-    def from_batch(batch: VerifyBatch, vocab_size: int, probabilistic: bool) -> BatchModes:
+    def from_batch(batch: VerifyBatch, vocab_size: int, probabilistic: bool,
+                   top_p_width: int = DEFAULT_TOP_P_WIDTH) -> BatchModes:
         m = batch.layout().host_modes(vocab_size)
         return BatchModes(
             all_greedy=m.all_greedy,
             threshold_rows=0 if m.thr_rows is None else int(m.thr_rows.numel()),
-            threshold_width=m.thr_width,
+            threshold_width=0 if m.thr_rows is None else threshold_width(m, top_p_width),
             prob_requests=m.num_sampling_reqs if probabilistic else 0,
         )
 
@@ -193,8 +217,13 @@ def comm_plan(num_rows: int, tp_size: int, modes: BatchModes) -> CommPlan:
 
     * all greedy: 1 all-gather, 8 B/row/rank (``max, argmax``);
     * any sampling with one-hot drafts: 1 all-gather, 16 B/row/rank;
-    * + top-k/min-p: a threshold all-gather first (``4 * k_max`` B per such row);
+    * + top-k/min-p/top-p: a threshold all-gather first (``4 * k_max`` B per such
+      row; with top-p ``4 * (max(k_max, m) + 2)``);
     * + probabilistic drafts: a residual all-gather after (8 B per sampling request).
+
+    Top-p rows whose cut the first threshold round cannot certify add one
+    all-gather per wider round (data-dependent; :attr:`VocabShardedVerifier.last_plan`
+    lists what a step actually sent).
     """
     cols: list[Collective] = []
     if modes.threshold_rows > 0:
@@ -225,6 +254,8 @@ class VocabShardedVerifier:
         all_gather: AllGather,
         shard_width: int | None = None,
         backend: str = "auto",
+        top_p_width: int = DEFAULT_TOP_P_WIDTH,
+        top_p_escalation: tuple[int, ...] = DEFAULT_TOP_P_ESCALATION,
     ):
         if vocab_size >= MAX_EXACT_FLOAT_ID:
             raise ValueError("token ids are exchanged as float32: vocab must be < 2**24")
@@ -237,7 +268,21 @@ class VocabShardedVerifier:
             raise ValueError("shards do not cover the vocabulary")
         self.col_offset = self.rank * self.shard_width
         self.backend = backend
+        if top_p_width < 1 or any(w <= top_p_width for w in top_p_escalation):
+            raise ValueError("top_p_width must be >= 1 and every escalation width larger")
+        self.top_p_width = int(top_p_width)
+        #: Rounds after the first: the given widths (below the shard), then the shard.
+        self.top_p_escalation = tuple(sorted({min(int(w), self.shard_width)
+                                              for w in top_p_escalation}
+                                             | {self.shard_width}))
         self.last_plan: CommPlan | None = None
+        #: Rows per top-p round since construction: ``top_p_rows`` (first round),
+        #: ``top_p_round_<width>`` (rows repeated at that width; the shard width is
+        #: the full-row fallback).
+        self.escalations: Counter[str] = Counter()
+        valid = [max(0, min(self.shard_width, self.vocab_size - r * self.shard_width))
+                 for r in range(self.tp_size)]
+        self._n_valid = torch.tensor(valid)
 
     # --- hooks (overridden by the deliberately wrong verifiers of the tests) ---
     def _owner_accept_numerator(self, s_x, logq_x):
@@ -259,36 +304,72 @@ class VocabShardedVerifier:
         return out
 
     def plan(self, batch: VerifyBatch, probabilistic: bool) -> CommPlan:
+        """The step's planned collectives (without data-dependent top-p repeats)."""
         cache = batch.layout()._modes
-        key = ("plan", self.vocab_size, self.tp_size, probabilistic)
+        key = ("plan", self.vocab_size, self.tp_size, probabilistic, self.top_p_width)
         if key not in cache:
             cache[key] = comm_plan(batch.num_rows, self.tp_size,
-                                   BatchModes.from_batch(batch, self.vocab_size, probabilistic))
+                                   BatchModes.from_batch(batch, self.vocab_size, probabilistic,
+                                                         self.top_p_width))
         return cache[key]
 
-    def _thresholds(self, logits_shard, L) -> torch.Tensor | None:
-        """Round 0 (only when some sampling row uses top-k/min-p): exact global cut."""
+    def _thresholds(self, logits_shard, L):
+        """Round 0 (some sampling row uses min-p/top-k/top-p): this rank's exact share of
+        the kept prefix per row, ``(threshold, tie_col, nucleus_margin)``, or None.
+
+        Top-p rows the first round cannot certify repeat it with the wider
+        :attr:`top_p_escalation` widths (one all-gather each, after a host sync
+        that every rank reaches with the same gathered bytes)."""
         V = self.vocab_size
         m = L.host_modes(V)
         if m.thr_rows is None:
             return None
-        rows, width, k = m.thr_rows, m.thr_width, m.thr_top_k
-        n = int(rows.numel())
+        rows = m.thr_rows
+        dev = logits_shard.device
         s = masked_scaled_shard(logits_shard[rows], L.temperature[rows], None,
                                 self.col_offset, V)
-        kk = min(width, s.shape[1])
-        local = torch.topk(s, kk, dim=1).values
-        if kk < width:
-            local = torch.cat([local, torch.full((n, width - kk), NEG_INF, device=s.device)], 1)
-        gathered = self._gather(local, width)  # [TP, n, W]
-        merged = gathered.permute(1, 0, 2).reshape(n, self.tp_size * width)
-        kth = torch.topk(merged, width, dim=1).values.gather(
-            1, (k.clamp(min=1) - 1)[:, None]).squeeze(1)
-        kth = torch.where(k > 0, kth, torch.full_like(kth, NEG_INF))
-        cut = combine_thresholds(kth, min_p_threshold(merged.max(dim=1).values, m.thr_min_p))
-        thr = torch.full((L.num_rows,), NEG_INF, device=s.device)
-        thr[rows] = cut
-        return thr
+        lse = torch.logsumexp(s.double(), dim=1) if m.has_top_p else None
+        thr = torch.full((L.num_rows,), NEG_INF, device=dev)
+        lim = torch.full((L.num_rows,), self.shard_width, dtype=torch.int64, device=dev)
+        margin = torch.full((L.num_rows,), float("nan"), dtype=torch.float64, device=dev)
+        rank_valid = self._n_valid.to(dev)
+        pending = torch.arange(int(rows.numel()), device=dev)
+        first = threshold_width(m, self.top_p_width) - (LSE_COLUMNS if m.has_top_p else 0)
+        widths = [first] + [w for w in self.top_p_escalation if w > first]
+        if m.has_top_p:
+            self.escalations["top_p_rows"] += int((m.thr_top_p < 1).sum())
+        for level, width in enumerate(widths):
+            vals, cols = local_top(s if level == 0 else s[pending], width)
+            payload = vals if lse is None else torch.cat(
+                [vals, split_float64(lse[pending])], dim=1)
+            if level > 0:
+                self._record_extra_round(width, int(pending.numel()), payload.shape[1])
+            g = self._gather(payload, payload.shape[1])
+            merged = merge_cuts(
+                g[..., :width], None if lse is None else join_float64(g[..., width:]),
+                m.thr_top_k[pending], m.thr_min_p[pending], m.thr_top_p[pending],
+                rank_complete=width >= rank_valid)
+            t, c = local_cut(vals, cols, merged, self.rank, self.shard_width)
+            done = merged.resolved
+            target = rows[pending]
+            thr[target] = torch.where(done, t, thr[target])
+            lim[target] = torch.where(done, c, lim[target])
+            margin[target] = torch.where(done, merged.margin, margin[target])
+            # Only top-p rows without top-k can stay unresolved; checking costs a host sync.
+            if level == len(widths) - 1 or not m.top_p_may_escalate or bool(done.all()):
+                break
+            pending = pending[~done]
+        return thr, lim, margin
+
+    def _record_extra_round(self, width: int, rows: int, columns: int) -> None:
+        """Count a wider top-p round and insert it before the stats round in ``last_plan``."""
+        self.escalations[f"top_p_round_{width}"] += rows
+        base = self.last_plan
+        assert base is not None
+        cols = list(base.collectives)
+        at = next(i for i, c in enumerate(cols) if c.name == "stats")
+        cols.insert(at, Collective(f"top_p_round_{width}", rows, columns))
+        self.last_plan = CommPlan(base.tp_size, base.num_rows, tuple(cols))
 
     def verify(
         self,
@@ -310,7 +391,8 @@ class VocabShardedVerifier:
                              f"got {tuple(logits_shard.shape)}")
         probabilistic = draft_probs_shard is not None
         self.last_plan = self.plan(batch, probabilistic)
-        thr = self._thresholds(logits_shard, L)
+        cut = self._thresholds(logits_shard, L)
+        thr, lim, nuc_margin = (None, None, None) if cut is None else cut
 
         # Round 1: shard statistics -> one all-gather -> identical decisions on every rank.
         modes = L.host_modes(V)
@@ -318,7 +400,7 @@ class VocabShardedVerifier:
         exclude = (not probabilistic) and self.exclude_rejected_draft
         stats = shard_local_stats(logits_shard, L.temperature, thr, L.draft, L.seeds,
                                   L.positions, off, V, exclude_draft=exclude,
-                                  backend=self.backend, width=width)
+                                  backend=self.backend, width=width, tie_col=lim)
         if probabilistic and not modes.all_greedy:
             draft = L.draft
             owned = (draft >= off) & (draft < min(off + S, V))
@@ -331,15 +413,16 @@ class VocabShardedVerifier:
         sampled, num_sampled, drow, margin = decide(g, L, V, backend=self.backend)
         if probabilistic and modes.num_sampling_reqs > 0:
             lse = merge_lse(g[..., 2])
-            res_tok, use = self._residual_round(logits_shard, draft_probs_shard, L, thr, lse,
-                                                drow)
+            res_tok, use = self._residual_round(logits_shard, draft_probs_shard, L, thr, lim,
+                                                lse, drow)
             reqs = modes.sampling_reqs
             last = (num_sampled[reqs] - 1).long()
             sampled = sampled.clone()
             sampled[reqs, last] = torch.where(use, res_tok, sampled[reqs, last])
-        return VerifyOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin)
+        return VerifyOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin,
+                            nucleus_margin=nuc_margin)
 
-    def _residual_round(self, logits_shard, q_shard, L, thr, lse, drow):
+    def _residual_round(self, logits_shard, q_shard, L, thr, lim, lse, drow):
         """Round 2 (probabilistic drafts): Gumbel-max of ``max(0, p - q)`` at the decision
         rows of the sampling requests. Returns ``(token, use)``: where ``use`` is False
         (bonus row, placeholder draft, empty residual) the round-1 sample from ``p``
@@ -348,7 +431,8 @@ class VocabShardedVerifier:
         reqs = L.host_modes(V).sampling_reqs
         rows = drow[reqs]
         s = masked_scaled_shard(logits_shard[rows], L.temperature[rows],
-                                None if thr is None else thr[rows], off, V)
+                                None if thr is None else thr[rows], off, V,
+                                None if lim is None else lim[rows])
         gid = torch.arange(s.shape[1], device=s.device) + off
         h1, h2 = row_keys(L.seeds[rows], L.positions[rows], DOMAIN_GUMBEL)
         g = gumbel_noise(h1, h2, gid)
