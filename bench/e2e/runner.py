@@ -6,22 +6,34 @@
     python bench/e2e/runner.py run --config bench/configs/e2e-kimi-k25-pcie8.yaml \\
         --python stock=/opt/vllm-stock --python patched=.venv --out bench/out/e2e/kimi
     # anywhere: the pipeline on a tiny Kimi-shaped checkpoint written on the fly
-    python bench/e2e/runner.py run --out bench/out/e2e/tiny
+    python bench/e2e/runner.py run
+    # what would run (no --python needed, nothing started, nothing written)
+    python bench/e2e/runner.py run --config bench/configs/e2e-kimi-k25-pcie8.yaml --plan-only
     # ratios B/A per matching level
     python bench/e2e/runner.py compare A/results.json B/results.json --out cmp.md
     # within one file: patched vs stock
     python bench/e2e/runner.py compare A/results.json --axis env=stock:patched
 
 ``run`` writes ``<out>/results.json`` (schema ``vllm-kimi-ext/e2e-results/1``, validated),
-``<out>/report.md`` and ``<out>/logs/*.log`` (one server log per launch). Exit status: 0 all
-launches measured; 4 results written but some launch did not start or failed; 2 bad
-arguments or config.
+``<out>/report.md`` and ``<out>/logs/*.log`` (one server log per launch). Without ``--out``
+each run gets a new directory ``bench/out/e2e/<UTC date-time>``; an ``--out`` that holds an
+earlier run's results is refused unless ``--overwrite`` (which removes them first; a
+``checkpoints/`` cache of the tiny model stays). ``--plan-only`` starts nothing and writes
+nothing: it prints the plan (and writes its JSON only to ``--plan-out FILE``).
+
+Every argument and the config file are checked before anything starts.
+
+Exit status: 0 clean (``run``: every launch measured, or the plan printed; ``compare``: the
+table printed); 1 ``run``: results written but some launch did not start, failed or was not
+attempted, ``compare``: no matching levels; 2 usage error, unreadable or malformed input
+(config, result file, a --python that is not an executable when a run needs it, an --out
+under a file) or internal error: one line on stderr, never a traceback (--debug shows it).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import datetime as _dt
 import sys
 from pathlib import Path
 
@@ -29,146 +41,239 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DEFAULT_CONFIG = ROOT / "bench" / "configs" / "e2e-tiny.yaml"
+from bench.harness.cli import (  # noqa: E402 - after the sys.path line above
+    EXIT_FINDINGS,
+    EXIT_OK,
+    ArgumentParser,
+    UsageError,
+    add_debug,
+    check_output_dir,
+    check_output_file,
+    int_list,
+    name_list,
+    positive_int,
+    positive_seconds,
+    read_json,
+    run_cli,
+)
+from bench.harness.e2e.config import DEFAULT_CONFIG  # noqa: E402
+
+PROG = "runner.py"
+DEFAULT_OUT_BASE = ROOT / "bench" / "out" / "e2e"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="runner.py", description=__doc__.split("\n\n")[0],
+    head, rest = __doc__.split("\n\n", 1)
+    ap = ArgumentParser(prog=PROG, description=head,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+                                 epilog=rest)
+    add_debug(ap)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="launch vllm serve over the config matrix and measure")
+    r = sub.add_parser("run", help="launch vllm serve over the config matrix and measure",
+                       epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
-                   help="matrix file, YAML or JSON (default bench/configs/e2e-tiny.yaml)")
+                   help="matrix file, .yaml/.yml or .json (default bench/configs/e2e-tiny.yaml)")
     r.add_argument("--model", default=None,
                    help="model path or id (overrides the config's; default: the config's, "
                         "'@tiny' = a tiny Kimi-shaped checkpoint written under --out)")
     r.add_argument("--python", action="append", default=[], metavar="NAME=PATH",
                    help="the python (executable or venv) for @NAME in the config, e.g. "
-                        "stock=/opt/vllm-0.34.0-venv patched=.venv (repeat)")
-    r.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "e2e",
-                   help="output directory (default bench/out/e2e)")
+                        "stock=/opt/vllm-0.34.0-venv patched=.venv (repeat; not needed "
+                        "with --plan-only)")
+    r.add_argument("--out", type=Path, default=None,
+                   help="results directory (default: a new bench/out/e2e/<UTC date-time>); "
+                        "refused when it holds an earlier run's results, unless --overwrite")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace the earlier results in --out (or the --plan-out file)")
     r.add_argument("--select", action="append", default=[], metavar="AXIS=V1,V2",
                    help="run only these values of an axis (repeat for several axes)")
-    r.add_argument("--requests", type=int, help="override requests_per_level")
-    r.add_argument("--concurrency", help="override the concurrency sweep, e.g. 1,4,16")
-    r.add_argument("--max-tokens", type=int, help="override max_tokens")
-    r.add_argument("--datasets", help="override datasets, e.g. mt-bench,gsm8k")
-    r.add_argument("--startup-timeout", type=float, help="override startup_timeout_s")
-    r.add_argument("--level-time-limit", type=float, help="override level_time_limit_s")
-    r.add_argument("--stop-after-failed-starts", type=int, default=None, metavar="N",
+    r.add_argument("--requests", type=positive_int, help="override requests_per_level")
+    r.add_argument("--concurrency", type=int_list,
+                   help="override the concurrency sweep, e.g. 1,4,16")
+    r.add_argument("--max-tokens", type=positive_int, help="override max_tokens")
+    r.add_argument("--datasets", type=name_list, help="override datasets, e.g. mt-bench,gsm8k")
+    r.add_argument("--startup-timeout", type=positive_seconds,
+                   help="override startup_timeout_s")
+    r.add_argument("--level-time-limit", type=positive_seconds,
+                   help="override level_time_limit_s")
+    r.add_argument("--stop-after-failed-starts", type=positive_int, default=None, metavar="N",
                    help="do not attempt further launches after N failed server starts")
-    r.add_argument("--time-budget", type=float, default=None, metavar="S",
+    r.add_argument("--time-budget", type=positive_seconds, default=None, metavar="S",
                    help="start no launch after S seconds")
     r.add_argument("--plan-only", action="store_true",
-                   help="write the matrix and result skeleton, start nothing")
+                   help="print the launches and levels; start nothing, write nothing")
+    r.add_argument("--plan-out", type=Path, default=None, metavar="FILE",
+                   help="with --plan-only: also write the plan (a result skeleton) as JSON here")
     r.add_argument("--no-git", action="store_true",
                    help="do not run git for the dirty flag in provenance")
-    c = sub.add_parser("compare", help="ratio table B/A of two result files")
+    add_debug(r, sub=True)
+    c = sub.add_parser("compare", help="ratio table B/A of two result files",
+                       epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("a", type=Path, help="results.json A (the baseline)")
     c.add_argument("b", type=Path, nargs="?", help="results.json B (default: A, with --axis)")
     c.add_argument("--axis", metavar="NAME=VA:VB",
                    help="pair runs that differ only in axis NAME (A side VA, B side VB)")
     c.add_argument("--out", type=Path, help="also write the markdown table here")
+    add_debug(c, sub=True)
     return ap
 
 
-def parse_pythons(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"runner.py: --python {item!r}: expected NAME=PATH")
-        name, path = item.split("=", 1)
-        out[name.strip().lstrip("@")] = path.strip()
-    return out
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with the checks that need no file (files are read by the commands)."""
+    args = build_parser().parse_args(argv)
+    if args.cmd == "run":
+        if args.plan_out is not None and not args.plan_only:
+            raise UsageError("--plan-out: only with --plan-only (a run writes its results "
+                             "under --out)")
+        if args.datasets:
+            from bench.harness.prompts import DATASETS
+
+            bad = [d for d in args.datasets if d not in DATASETS]
+            if bad:
+                raise UsageError(f"--datasets: unknown dataset(s) {', '.join(bad)}; expected "
+                                 f"some of {', '.join(DATASETS)}")
+    return args
 
 
 def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
-    if args.requests is not None:
-        cfg["requests_per_level"] = args.requests
-    if args.concurrency:
-        cfg["concurrency"] = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    if args.max_tokens is not None:
-        cfg["max_tokens"] = args.max_tokens
-    if args.datasets:
-        cfg["datasets"] = [x.strip() for x in args.datasets.split(",") if x.strip()]
-    if args.startup_timeout is not None:
-        cfg["startup_timeout_s"] = args.startup_timeout
-    if args.level_time_limit is not None:
-        cfg["level_time_limit_s"] = args.level_time_limit
+    """The config with the command line's overrides (already checked by their types)."""
+    for key, value in (("requests_per_level", args.requests),
+                       ("concurrency", args.concurrency), ("max_tokens", args.max_tokens),
+                       ("datasets", args.datasets), ("startup_timeout_s", args.startup_timeout),
+                       ("level_time_limit_s", args.level_time_limit)):
+        if value is not None:
+            cfg[key] = value
     return cfg
+
+
+def default_out_dir(base: Path | None = None) -> Path:
+    """A results directory no earlier run used: ``base/<UTC date-time>[-N]`` (``base``
+    defaults to :data:`DEFAULT_OUT_BASE`)."""
+    base = DEFAULT_OUT_BASE if base is None else base
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out, n = base / stamp, 1
+    while out.exists():
+        n += 1
+        out = base / f"{stamp}-{n}"
+    return out
+
+
+def _check_destination(args: argparse.Namespace, out: Path) -> None:
+    """Where the run (or the plan) would write: writable, and no earlier results replaced
+    without ``--overwrite``."""
+    from bench.harness import e2e
+
+    if args.plan_only:
+        if args.plan_out is not None:
+            check_output_file("--plan-out", args.plan_out)
+            if args.plan_out.exists() and not args.overwrite:
+                raise UsageError(f"--plan-out {args.plan_out}: exists; pass --overwrite to "
+                                 "replace it, or choose another file")
+        return
+    check_output_dir("--out", out)
+    earlier = e2e.earlier_results(out)
+    if earlier and not args.overwrite:
+        raise UsageError(f"--out {out}: holds an earlier run's {', '.join(earlier)}; pass "
+                         "--overwrite to replace them, or choose another --out (without "
+                         "--out each run gets a new directory)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from bench.harness import e2e
+    from bench.harness.common import rel, write_json
     from bench.harness.schema import E2EResults, validate
 
-    try:
-        cfg = apply_overrides(e2e.load_config(args.config), args)
-        cfg = e2e.normalize_config(cfg, str(args.config))
-        results = e2e.run_matrix(
-            cfg, args.out, model=args.model, pythons=parse_pythons(args.python),
-            select=e2e.parse_select(args.select), config_file=str(args.config),
-            plan_only=args.plan_only, stop_after_failed_starts=args.stop_after_failed_starts,
-            time_budget_s=args.time_budget, use_git=not args.no_git)
-    except e2e.ConfigError as exc:
-        print(f"runner.py: {exc}", file=sys.stderr)
-        return 2
-    saved = json.loads((args.out / "results.json").read_text())
-    problems = validate(saved, E2EResults)
+    where = str(args.config)
+    pythons = e2e.parse_pythons(args.python)
+    select = e2e.parse_select(args.select)
+    cfg = e2e.normalize_config(apply_overrides(e2e.load_config(args.config), args), where)
+    e2e.check_python_names(cfg, pythons, where)
+    out = args.out if args.out is not None else default_out_dir()
+    _check_destination(args, out)
+    plan = e2e.plan_matrix(cfg, out, model=args.model, pythons=pythons, select=select,
+                           launching=not args.plan_only, where=where)
+    if args.plan_only:
+        results = e2e.run_matrix(cfg, out, config_file=where, plan_only=True,
+                                 use_git=not args.no_git, plan=plan)
+        print(e2e.plan_markdown(results, rel(out)), end="")
+        if args.plan_out is not None:
+            write_json(args.plan_out, results)
+            print(f"wrote the plan to {args.plan_out}")
+        return EXIT_OK
+    if args.overwrite:
+        removed = e2e.clear_earlier_results(out)
+        if removed:
+            print(f"{PROG}: --overwrite: removed the earlier {', '.join(removed)} from {out}")
+    results = e2e.run_matrix(
+        cfg, out, config_file=where, stop_after_failed_starts=args.stop_after_failed_starts,
+        time_budget_s=args.time_budget, use_git=not args.no_git, plan=plan)
+    problems = validate(results, E2EResults)
+    if problems:  # a bug of this runner, not of the input
+        raise RuntimeError("results.json does not match its schema: " + "; ".join(problems[:5]))
+    print(f"wrote {out / 'results.json'} and {out / 'report.md'}")
+    return EXIT_OK if all(r["status"] == "ok" for r in results["runs"]) else EXIT_FINDINGS
+
+
+def _load_results(label: str, path: Path) -> dict:
+    from bench.harness.schema import E2EResults, validate
+
+    data = read_json(label, path)
+    problems = validate(data, E2EResults)
     if problems:
-        print("runner.py: results.json does not match its schema:\n  " + "\n  ".join(problems),
-              file=sys.stderr)
-        return 1
-    print(f"wrote {args.out / 'results.json'} and {args.out / 'report.md'}")
-    statuses = [r["status"] for r in results["runs"]]
-    if args.plan_only or all(s == "ok" for s in statuses):
-        return 0
-    return 4
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise UsageError(f"{label} {path}: not an e2e results file (schema "
+                         f"vllm-kimi-ext/e2e-results/1): {'; '.join(problems[:3])}{more}")
+    return data
+
+
+def _parse_axis(text: str, docs: list[dict]) -> tuple[str, str, str]:
+    """``NAME=VA:VB``, NAME an axis of the result files, VA a value in A, VB one in B."""
+    name, sep, vals = text.partition("=")
+    va, sep2, vb = vals.partition(":")
+    name, va, vb = name.strip(), va.strip(), vb.strip()
+    if not (sep and sep2 and name and va and vb):
+        raise UsageError(f"--axis {text!r}: expected NAME=VA:VB")
+    if va == vb:
+        raise UsageError(f"--axis {text!r}: VA and VB are the same value; expected two values")
+
+    def values(doc: dict) -> set[str]:
+        return {str(r["axes"][name]) for r in doc["runs"] if name in r["axes"]}
+
+    axes = sorted({a for d in docs for r in d["runs"] for a in r["axes"]})
+    if not any(values(d) for d in docs):
+        raise UsageError(f"--axis {text!r}: no run has axis {name!r} (axes: "
+                         f"{', '.join(axes) or 'none'})")
+    for side, val, doc in (("A", va, docs[0]), ("B", vb, docs[-1])):
+        if val not in values(doc):
+            raise UsageError(f"--axis {text!r}: {side} has no run with {name}={val} (values: "
+                             f"{', '.join(sorted(values(doc))) or 'none'})")
+    return name, va, vb
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from bench.harness import e2e
-    from bench.harness.schema import E2EResults, SchemaError, check
 
-    docs = []
-    for p in [args.a] + ([args.b] if args.b else []):
-        data = json.loads(p.read_text())
-        try:
-            check(data, E2EResults)
-        except SchemaError as exc:
-            print(f"runner.py compare: {p}: {exc}", file=sys.stderr)
-            return 2
-        docs.append(data)
-    axis = None
-    if args.axis:
-        try:
-            name, vals = args.axis.split("=", 1)
-            va, vb = vals.split(":", 1)
-        except ValueError:
-            print(f"runner.py compare: --axis {args.axis!r}: expected NAME=VA:VB",
-                  file=sys.stderr)
-            return 2
-        axis = (name, va, vb)
-        names = (va, vb)
-    else:
-        if len(docs) < 2:
-            print("runner.py compare: give two result files, or --axis NAME=VA:VB",
-                  file=sys.stderr)
-            return 2
-        names = ("A", "B")
+    if args.out is not None:
+        check_output_file("--out", args.out)
+    docs = [_load_results("compare A", args.a)]
+    if args.b is not None:
+        docs.append(_load_results("compare B", args.b))
+    axis = _parse_axis(args.axis, docs) if args.axis else None
+    if axis is None and len(docs) < 2:
+        raise UsageError("compare: give two result files, or one with --axis NAME=VA:VB")
+    names = (axis[1], axis[2]) if axis else ("A", "B")
     rows = e2e.compare_rows(docs[0], docs[1] if len(docs) > 1 else None, axis)
     text = e2e.compare_markdown(rows, *names)
     print(text)
-    if args.out:
+    if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
-    return 0 if rows else 1
+    return EXIT_OK if rows else EXIT_FINDINGS
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return cmd_run(args) if args.cmd == "run" else cmd_compare(args)
+    return run_cli(PROG, parse_args,
+                   lambda a: cmd_run(a) if a.cmd == "run" else cmd_compare(a), argv)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import sections as S
+from bench.harness.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from bench.harness.common import (
     collect_provenance,
     detect_capabilities,
@@ -46,9 +47,12 @@ def skip_table(planned: Planned, outcomes: dict[str, S.Outcome]) -> list[dict[st
 
 def run_suite(args: argparse.Namespace) -> int:
     """Run the sections ``args`` selects (see ``bench/run_all.py --help``) and write the
-    results; exit status 0 unless a section failed or the results break their schema."""
+    results; exit status 0, 1 when a section failed, 2 when the results break their schema
+    (a bug of this harness)."""
     t0 = time.monotonic()
     out: Path = args.out
+    if (out / "results.json").exists():
+        print(f"bench: replacing the results of an earlier run in {rel(out)}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     print("bench: detecting capabilities ...", flush=True)
     caps = detect_capabilities()
@@ -68,8 +72,8 @@ def run_suite(args: argparse.Namespace) -> int:
     res = scrub(res)
     problems = validate(res, BenchResults)
     if problems:  # a bug in this harness, not in what it measured
-        print("bench: results.json does not match its schema:\n  " + "\n  ".join(problems),
-              file=sys.stderr)
+        print("bench: internal error: results.json does not match its schema:\n  "
+              + "\n  ".join(problems), file=sys.stderr)
     write_json(out / "results.json", res)
     (out / "report.md").write_text(report)
     print("\nskipped (why):")
@@ -80,7 +84,7 @@ def run_suite(args: argparse.Namespace) -> int:
     failed = [s["name"] for s in res["sections"] if s["status"] == "failed"]
     if failed:
         print(f"bench: failed section(s): {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed or problems else 0
+    return EXIT_USAGE if problems else EXIT_FINDINGS if failed else EXIT_OK
 
 
 def _run_sections(planned: Planned, ctx: S.Context

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import e2e
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -57,7 +59,7 @@ def test_runner_run_and_compare(runner):
     a = p.parse_args(["run", "--python", "stock=/opt/v", "--select", "speculative=none",
                       "--requests", "3", "--concurrency", "1,2", "--plan-only"])
     assert a.cmd == "run" and a.plan_only and a.requests == 3
-    assert runner.parse_pythons(a.python) == {"stock": "/opt/v"}
+    assert e2e.parse_pythons(a.python) == {"stock": "/opt/v"}
     assert a.config.name == "e2e-tiny.yaml"
     c = p.parse_args(["compare", "a.json", "b.json", "--out", "c.md"])
     assert c.cmd == "compare" and c.b == Path("b.json") and c.out == Path("c.md")
@@ -65,8 +67,8 @@ def test_runner_run_and_compare(runner):
     assert c1.b is None and c1.axis == "env=stock:patched"
     with pytest.raises(SystemExit):
         p.parse_args([])
-    with pytest.raises(SystemExit):
-        runner.parse_pythons(["no-equals-sign"])
+    with pytest.raises(e2e.ConfigError, match="NAME=PATH"):
+        e2e.parse_pythons(["no-equals-sign"])
 
 
 def test_runner_overrides(runner):

@@ -21,7 +21,8 @@ def cfg(**over):
             "env": {"stock": {"python": "@stock"},
                     "patched": {"python": "@patched", "env": {"VLLM_KIMI_EXT": "1"}}},
             "speculative": {"none": None,
-                            "k3": {"speculative_config": {"method": "eagle3", "model": "@d",
+                            "k3": {"speculative_config": {"method": "eagle3",
+                                                          "model": e2e.TINY_EAGLE3,
                                                           "num_speculative_tokens": 3}}},
             "allreduce": {"nccl": None,
                           "fi": {"env": {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": 1},
@@ -37,7 +38,7 @@ PY = {"stock": "/opt/stock/bin/python", "patched": "/opt/patched/bin/python"}
 
 
 def test_cartesian_product_in_axis_order():
-    servers = expand_matrix(cfg(), pythons=PY, placeholders={"@d": "/drafts/d"})
+    servers = expand_matrix(cfg(), pythons=PY, placeholders={e2e.TINY_EAGLE3: "/drafts/d"})
     assert len(servers) == 8
     assert servers[0].id == "env=stock,speculative=none,allreduce=nccl"
     assert servers[-1].id == "env=patched,speculative=k3,allreduce=fi"

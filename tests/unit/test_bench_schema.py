@@ -58,13 +58,16 @@ def test_runner_plan_only_results_validate(tmp_path):
         "name": "plan", "model": "org/model", "allow_same_python": True,
         "matrix": {"env": {"stock": {"python": "@stock"}, "patched": {"python": "@patched"}}},
         "datasets": ["gsm8k", "mt-bench"], "concurrency": [1, 2]})
-    res = e2e.run_matrix(c, tmp_path, plan_only=True, use_git=False, progress=lambda m: None)
-    saved = json.loads((tmp_path / "results.json").read_text())
+    res = e2e.run_matrix(c, tmp_path / "out", plan_only=True, use_git=False,
+                         progress=lambda m: None)
+    assert list(tmp_path.iterdir()) == []  # a plan writes nothing
+    saved = json.loads(json.dumps(res))
     assert validate(saved, E2EResults) == []
     assert [r["status"] for r in saved["runs"]] == ["planned", "planned"]
     assert saved["matrix"] == {"env": ["stock", "patched"]}
     assert set(saved["prompts"]) == {"gsm8k", "mt-bench"}
-    assert (tmp_path / "report.md").read_text().startswith("# End-to-end serving: plan")
+    assert e2e.e2e_markdown(saved).startswith("# End-to-end serving: plan")
+    assert e2e.plan_markdown(saved, "out").startswith("# Plan: plan")
     assert res["runs"][0]["id"] == "env=stock"
     broken = copy.deepcopy(saved)
     broken["runs"][0]["status"] = "great"

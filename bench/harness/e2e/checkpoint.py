@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.harness.e2e.matrix import TINY, TINY_EAGLE3
+from bench.harness.e2e.config import TINY, TINY_EAGLE3
+
+
+def tiny_asset_paths(directory: str | Path) -> dict[str, str]:
+    """Where :func:`write_tiny_assets` puts the ``@tiny`` placeholders (nothing is written)."""
+    directory = Path(directory)
+    return {TINY: str(directory / "tiny-kimi-k25-text"),
+            TINY_EAGLE3: str(directory / "tiny-eagle3")}
 
 
 def write_tiny_assets(directory: str | Path) -> dict[str, str]:
@@ -22,14 +29,13 @@ def write_tiny_assets(directory: str | Path) -> dict[str, str]:
     )
     from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
 
-    directory = Path(directory)
+    paths = tiny_asset_paths(directory)
     spec = TinyKimiSpec()
-    model = directory / "tiny-kimi-k25-text"
-    eagle = directory / "tiny-eagle3"
+    model, eagle = Path(paths[TINY]), Path(paths[TINY_EAGLE3])
     if not (model / "model.safetensors").exists():
         write_tiny_deepseek_v3(model, spec)
         write_kimi_tokenizer(model, n_ranks=spec.num_ranks)
     if not (eagle / "model.safetensors").exists():
         write_tiny_eagle3(eagle, spec)
-    return {TINY: str(model), TINY_EAGLE3: str(eagle)}
+    return paths
 

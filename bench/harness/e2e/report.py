@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bench.harness.common import fmt, md_table
@@ -47,6 +48,31 @@ def e2e_markdown(res: dict[str, Any]) -> str:
     else:
         out += ["## Results", "", "No level ran (no server started).", ""]
     return "\n".join(out)
+
+
+def plan_markdown(res: dict[str, Any], out_dir: str) -> str:
+    """What a run would do (``runner.py run --plan-only``): the launches with their
+    python, environment, extra arguments and draft, and the load levels of each."""
+    cfg = res["config"]
+    temps = ", ".join(f"{t:g}" for t in cfg["temperature"])
+    n_levels = len(cfg["datasets"]) * len(cfg["temperature"]) * len(cfg["concurrency"])
+    model = res["model"]
+    path = f" ({model['path']})" if model["path"] != model["ref"] else ""
+    out = [f"# Plan: {res['name']} (--plan-only: nothing started, nothing written)", "",
+           (f"Config `{res['config_file']}`; model `{model['ref']}`{path}; results would go "
+            f"to `{out_dir}`."),
+           (f"{len(res['runs'])} server launch(es) x {n_levels} load level(s) each (datasets "
+            f"{', '.join(cfg['datasets'])}; temperature {temps}; concurrency "
+            f"{', '.join(map(str, cfg['concurrency']))}); {cfg['requests_per_level']} requests "
+            f"of up to {cfg['max_tokens']} tokens per level."), ""]
+    if res.get("notes"):
+        out += [f"- {n}" for n in res["notes"]] + [""]
+    out.append(md_table(["run", "python", "env", "serve args", "speculative config"], [
+        [r["id"], r["python"], " ".join(f"{k}={v}" for k, v in r["env"].items()) or "-",
+         " ".join(r["serve_args"]) or "-",
+         json.dumps(r["speculative_config"], sort_keys=True) if r["speculative_config"]
+         else "-"] for r in res["runs"]]))
+    return "\n".join(out) + "\n"
 
 
 def _software_cell(sw: dict | None) -> str:

@@ -8,11 +8,13 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import looks_like_local_path
 from bench.harness.common import (
     collect_provenance,
     first_line,
@@ -23,12 +25,12 @@ from bench.harness.common import (
     scrub,
     write_json,
 )
-from bench.harness.e2e.checkpoint import write_tiny_assets
+from bench.harness.e2e.checkpoint import tiny_asset_paths, write_tiny_assets
+from bench.harness.e2e.config import TINY, TINY_EAGLE3, ConfigError
 from bench.harness.e2e.load import http_get, run_level
 from bench.harness.e2e.matrix import (
-    TINY,
-    TINY_EAGLE3,
     ServerConfig,
+    check_pythons,
     expand_matrix,
     level_plan,
     serve_command,
@@ -48,6 +50,9 @@ from vllm_kimi_ext.testing.distributed import free_port  # stdlib only
 
 #: Seconds to wait after a level before the final metrics scrape.
 SETTLE_S = 1.0
+#: What a run writes into its results directory; an earlier run's are never replaced
+#: silently (``bench/e2e/runner.py run`` refuses them without ``--overwrite``).
+RESULT_NAMES = ("results.json", "report.md", "logs")
 
 
 def _cuda_devices() -> int:
@@ -74,35 +79,112 @@ class _Launches:
     failed_starts: list[str] = dataclasses.field(default_factory=list)
 
 
+def earlier_results(out_dir: Path) -> list[str]:
+    """The names of :data:`RESULT_NAMES` already in ``out_dir`` (an earlier run's)."""
+    out_dir = Path(out_dir)
+    return [n for n in RESULT_NAMES if (out_dir / n).exists()] if out_dir.is_dir() else []
+
+
+def clear_earlier_results(out_dir: Path) -> list[str]:
+    """Remove an earlier run's :data:`RESULT_NAMES` from ``out_dir`` (``--overwrite``);
+    returns what was removed. The ``checkpoints/`` cache stays."""
+    removed = earlier_results(out_dir)
+    for name in removed:
+        p = Path(out_dir) / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return removed
+
+
+@dataclasses.dataclass
+class Plan:
+    """The launches of a run, checked; nothing written yet."""
+
+    servers: list[ServerConfig]
+    model_ref: str
+    model_path: str
+    tiny: bool
+    notes: list[str]
+
+
+def plan_matrix(cfg: dict[str, Any], out_dir: Path, *, model: str | None = None,
+                pythons: dict[str, str] | None = None,
+                select: dict[str, set[str]] | None = None, launching: bool = True,
+                where: str = "config", python_option: str = "--python",
+                model_option: str = "--model") -> Plan:
+    """Expand and check the matrix without writing anything. With ``launching`` every
+    python must be an executable and a model given as a local path must exist; without
+    (``--plan-only``) pythons that were not given are placeholders. ``where`` and the
+    ``*_option`` names say in errors where a bad value came from."""
+    notes: list[str] = []
+    model_ref = model or cfg["model"]
+    model_at = f"{model_option} {model}" if model else f"{where}: 'model' {model_ref}"
+    if model_ref.startswith("@") and model_ref != TINY:
+        raise ConfigError(f"{model_at}: unknown placeholder; expected a path, a hub id or "
+                          f"{TINY}")
+    tiny = model_ref == TINY or any(TINY_EAGLE3 in json.dumps(v) for v in cfg["matrix"].values())
+    placeholders = tiny_asset_paths(Path(out_dir) / "checkpoints") if tiny else {}
+    if tiny:
+        notes.append("model: a tiny Kimi-K2.5-shaped checkpoint written on the fly "
+                     "(exercises the pipeline; its speed means nothing)")
+    if launching:
+        _check_local_models(cfg, model_ref, model_at, where)
+    servers = expand_matrix(cfg, pythons=pythons, placeholders=placeholders, select=select,
+                            notes=notes, launching=launching, where=where,
+                            python_option=python_option)
+    if launching:
+        check_pythons(servers, pythons or {}, where, python_option)
+    return Plan(servers, model_ref, placeholders.get(model_ref, model_ref), tiny, notes)
+
+
+def _check_local_models(cfg: dict[str, Any], model_ref: str, model_at: str,
+                        where: str) -> None:
+    """A model or draft written as a local path (``/...``, ``./...``, ``~/...``) exists."""
+    refs = [(model_at, model_ref)]
+    for axis, values in cfg["matrix"].items():
+        for name, spec in values.items():
+            draft = (spec.get("speculative_config") or {}).get("model")
+            if draft:
+                refs.append((f"{where}: matrix {axis}={name}: 'speculative_config': 'model' "
+                             f"{draft}", draft))
+    for at, ref in refs:
+        if looks_like_local_path(ref) and not Path(ref).expanduser().is_dir():
+            raise ConfigError(f"{at}: no such directory (expected a checkpoint directory or a "
+                              "hub id)")
+
+
 def run_matrix(cfg: dict[str, Any], out_dir: Path, *, model: str | None = None,
                pythons: dict[str, str] | None = None, select: dict[str, set[str]] | None = None,
                config_file: str | None = None, plan_only: bool = False,
                stop_after_failed_starts: int | None = None, time_budget_s: float | None = None,
-               use_git: bool = True, progress=print) -> dict[str, Any]:
-    """Run (or with ``plan_only`` just lay out) the matrix; writes ``results.json`` and
-    ``report.md`` under ``out_dir`` after every step and returns the results."""
+               use_git: bool = True, progress=print, plan: Plan | None = None
+               ) -> dict[str, Any]:
+    """Run the matrix (``plan``: from :func:`plan_matrix`, made here when not given);
+    writes ``results.json`` and ``report.md`` under ``out_dir`` after every step and
+    returns the results. With ``plan_only`` nothing is written or started: the result
+    skeleton (every run ``planned``) is returned."""
     t_start = time.monotonic()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    notes: list[str] = []
-    model_ref = model or cfg["model"]
-    placeholders: dict[str, str] = {}
-    tiny = model_ref == TINY or any(TINY_EAGLE3 in json.dumps(v) for v in cfg["matrix"].values())
-    if tiny:
-        placeholders = write_tiny_assets(out_dir / "checkpoints")
-        notes.append("model: a tiny Kimi-K2.5-shaped checkpoint written on the fly "
-                     "(exercises the pipeline; its speed means nothing)")
-    model_path = placeholders.get(model_ref, model_ref)
-    servers = expand_matrix(cfg, pythons=pythons, placeholders=placeholders, select=select,
-                            notes=notes)
+    if plan is None:
+        plan = plan_matrix(cfg, out_dir, model=model, pythons=pythons, select=select,
+                           launching=not plan_only)
+    notes = list(plan.notes)
     prompts = {d: load_prompts(d, cfg["requests_per_level"], cfg["seed"])
                for d in cfg["datasets"]}
     ncuda = _cuda_devices()
     if ncuda == 0:
         notes.append("no CUDA device visible to the runner: vllm serve is expected to fail to "
                       "start here (vLLM on CPU needs its CPU build with triton-cpu)")
-    results = _planned_results(cfg, servers, prompts, model_ref, rel(model_path) if tiny
-                               else model_path, tiny, config_file, notes, use_git, ncuda)
+    results = _planned_results(cfg, plan.servers, prompts, plan.model_ref,
+                               rel(plan.model_path) if plan.tiny else plan.model_path,
+                               plan.tiny, config_file, notes, use_git, ncuda)
+    if plan_only:
+        return results
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if plan.tiny:
+        write_tiny_assets(out_dir / "checkpoints")
 
     def save() -> None:
         results["duration_s"] = round(time.monotonic() - t_start, 1)
@@ -110,19 +192,15 @@ def run_matrix(cfg: dict[str, Any], out_dir: Path, *, model: str | None = None,
         (out_dir / "report.md").write_text(scrub(e2e_markdown(results)))
 
     save()
-    if plan_only:
-        progress(f"planned {len(servers)} server launch(es) x {len(level_plan(cfg))} level(s); "
-                 "nothing started (--plan-only)")
-        return results
-    launches = _Launches(cfg, out_dir, model_path, prompts,
+    launches = _Launches(cfg, out_dir, plan.model_path, prompts,
                          gpu_env() if ncuda else dict(os.environ), progress, save)
-    for i, (sc, run) in enumerate(zip(servers, results["runs"])):
+    for i, (sc, run) in enumerate(zip(plan.servers, results["runs"])):
         why = _why_not_attempted(launches.failed_starts, stop_after_failed_starts,
                                  time.monotonic() - t_start, time_budget_s)
         if why is not None:
             run.update(status="not_started", reason=why)
             continue
-        _launch(launches, i, len(servers), sc, run)
+        _launch(launches, i, len(plan.servers), sc, run)
     save()
     return results
 

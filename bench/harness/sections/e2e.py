@@ -25,7 +25,8 @@ def run_e2e(ctx: Context) -> Outcome:
 
     out_dir = ctx.out / "e2e"
     gpu = cuda_devices(ctx.caps) > 0
-    cmd = [sys.executable, str(RUNNER), "run", "--out", str(out_dir)]
+    # this run's --out is replaced as a whole (see run_all.py), its e2e/ part included
+    cmd = [sys.executable, str(RUNNER), "run", "--out", str(out_dir), "--overwrite"]
     if ctx.e2e_config:
         cmd += ["--config", str(ctx.e2e_config)]
     if ctx.e2e_model:
@@ -48,7 +49,7 @@ def run_e2e(ctx: Context) -> Outcome:
         return Outcome("failed", "e2e runner exceeded its time limit")
     (ctx.out / "e2e.log").write_text(scrub(proc.stdout + proc.stderr))
     res_file = out_dir / "results.json"
-    if proc.returncode not in (0, 4) or not res_file.is_file():
+    if proc.returncode not in (0, 1) or not res_file.is_file():  # 1: some launch did not run
         return Outcome("failed", f"runner exited {proc.returncode}: "
                                  f"{last_error_line(proc.stdout + proc.stderr)}")
     res = json.loads(res_file.read_text())
