@@ -168,10 +168,10 @@ def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
 def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) -> dict:
     """The sharded verifier on the Triton backend vs the full-vocabulary reference:
     top-p (with a small first round, so the wider rounds run too), top-k, bf16 ties."""
-    from .batch import VerifyBatch
-    from .reference import ReferenceVerifier
-    from .simulate import simulate_sharded_verify
-    from .testing_utils import assert_equivalent
+    from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
+    from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+    from vllm_kimi_ext.verify.batch import VerifyBatch
+    from vllm_kimi_ext.verify.reference import ReferenceVerifier
 
     g = torch.Generator().manual_seed(3)
     drafts = torch.randint(0, V, (num_reqs, 3), generator=g)
