@@ -17,6 +17,8 @@ version); they are derived in-kernel from ``(seed, position)``.
 
 from __future__ import annotations
 
+import threading
+
 import triton
 import triton.language as tl
 
@@ -342,6 +344,13 @@ def _decide_kernel(
     tl.store(margin_ptr + rows, margin, mask=jm)
 
 
+#: Triton's CPU interpreter (TRITON_INTERPRET=1) patches ``triton.language`` globally for the
+#: duration of a launch, so two threads launching at once (the threaded TP simulation in
+#: ``vllm_kimi_ext.testing.verify_simulate``) break each other. Launches are serialised; the
+#: uncontended lock costs nanoseconds on a GPU, where each rank is its own process anyway.
+_LAUNCH_LOCK = threading.Lock()
+
+
 def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_valid,
                  col_offset, chunk, splits, has_thr, exclude, block, num_warps, width):
     R = logits_shard.shape[0]
@@ -351,19 +360,21 @@ def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_
         pgi = draft
     else:
         pm, pse, pgv, pgi = parts
-    _stats_kernel[(R, splits)](
-        logits_shard, logits_shard.stride(0), temp, thr, lim, draft, seeds, pos,
-        pm, pse, pgv, pgi, out,
-        n_valid, col_offset, chunk, splits,
-        HAS_THR=has_thr, EXCLUDE=exclude, SINGLE=single, BLOCK=block, W=width,
-        num_warps=num_warps,
-    )
-    if not single:
-        _combine_kernel[(R,)](
-            logits_shard, logits_shard.stride(0), temp, thr, lim, draft, pm, pse, pgv, pgi, out,
-            n_valid, col_offset, splits,
-            HAS_THR=has_thr, PSPLIT=triton.next_power_of_2(splits), W=width, num_warps=1,
+    with _LAUNCH_LOCK:
+        _stats_kernel[(R, splits)](
+            logits_shard, logits_shard.stride(0), temp, thr, lim, draft, seeds, pos,
+            pm, pse, pgv, pgi, out,
+            n_valid, col_offset, chunk, splits,
+            HAS_THR=has_thr, EXCLUDE=exclude, SINGLE=single, BLOCK=block, W=width,
+            num_warps=num_warps,
         )
+    if not single:
+        with _LAUNCH_LOCK:
+            _combine_kernel[(R,)](
+                logits_shard, logits_shard.stride(0), temp, thr, lim, draft, pm, pse, pgv, pgi,
+                out, n_valid, col_offset, splits,
+                HAS_THR=has_thr, PSPLIT=triton.next_power_of_2(splits), W=width, num_warps=1,
+            )
 
 
 def launch_decide(gathered, cu, draft, temp, seeds, pos, sampled, num_sampled, drow, margin,
@@ -371,9 +382,10 @@ def launch_decide(gathered, cu, draft, temp, seeds, pos, sampled, num_sampled, d
     tp, _, w = gathered.shape
     assert gathered.stride(2) == 1
     num_reqs = cu.shape[0] - 1
-    _decide_kernel[(num_reqs,)](
-        gathered, gathered.stride(0), gathered.stride(1), cu, draft, temp, seeds, pos,
-        sampled, sampled.shape[1], num_sampled, drow, margin, vocab_size,
-        TP=tp, PTP=triton.next_power_of_2(tp), W=w,
-        PLEN=triton.next_power_of_2(sampled.shape[1]), num_warps=1,
-    )
+    with _LAUNCH_LOCK:
+        _decide_kernel[(num_reqs,)](
+            gathered, gathered.stride(0), gathered.stride(1), cu, draft, temp, seeds, pos,
+            sampled, sampled.shape[1], num_sampled, drow, margin, vocab_size,
+            TP=tp, PTP=triton.next_power_of_2(tp), W=w,
+            PLEN=triton.next_power_of_2(sampled.shape[1]), num_warps=1,
+        )
