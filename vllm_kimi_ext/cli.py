@@ -3,26 +3,60 @@
 Each feature module contributes its subcommands through a ``register(subparsers)``
 function listed in ``_SUBCOMMAND_MODULES``; modules are imported when the parser
 is built, so they must keep heavy imports (torch, vLLM) inside their handlers.
+
+One exit-code contract for every subcommand, enforced here
+(:mod:`vllm_kimi_ext.user_input`): 0 clean, 1 findings, 2 usage error / unreadable
+input / internal error. A handler returns 0 or 1 (its verdict) or raises; a
+:class:`~vllm_kimi_ext.user_input.UserInputError` or an ``OSError`` becomes one line
+on stderr and exit 2, any other exception one line saying it is an internal error
+and exit 2. ``--debug`` (before or after the subcommand) prints the traceback too.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
+
+from vllm_kimi_ext.user_input import EXIT_CODES_HELP, EXIT_USAGE, UserInputError, one_line
 
 _SUBCOMMAND_MODULES = (
     "vllm_kimi_ext.costmodel.cli",  # plan
-    "vllm_kimi_ext.drafts.cli",  # doctor, draft shrink-vocab
+    "vllm_kimi_ext.drafts.cli",  # doctor, draft shrink-vocab, draft tli-check
     "vllm_kimi_ext.tokenizers.cli",  # tokenizer-check
 )
+_EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
+
+_DEBUG_HELP = "on an error, print the Python traceback too"
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for p in action.choices.values()]
+
+
+def _add_contract(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command: ``--debug``, the exit codes in its ``--help`` and its own name
+    (``_prog``) for error lines."""
+    for sub in _subparsers(parser):
+        if not any("--debug" in a.option_strings for a in sub._actions):
+            # SUPPRESS: absent unless given here, so a top-level --debug survives
+            sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help=_DEBUG_HELP)
+        sub.epilog = f"{sub.epilog}\n\n{EXIT_CODES_HELP}" if sub.epilog else EXIT_CODES_HELP
+        sub.set_defaults(_prog=sub.prog)
+        _add_contract(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-kimi-ext",
         description="Tools for speculative decoding of Kimi-K2.5 on PCIe-only GPUs.",
+        epilog=EXIT_CODES_HELP,
     )
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMAND_MODULES:
         try:
@@ -32,16 +66,74 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _add_contract(parser)
     return parser
+
+
+def _error(prog: str, message: str) -> None:
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+
+
+def _os_error_message(exc: OSError) -> str:
+    where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return f"cannot access{where}: {reason}"
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not complain
+    about the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (captured)
+        pass
+
+
+def run_handler(args: argparse.Namespace) -> int:
+    """Run ``args.func`` under the exit-code contract (see the module doc)."""
+    prog = getattr(args, "_prog", "vllm-kimi-ext")
+    debug = bool(getattr(args, "debug", False))
+    try:
+        code = args.func(args)
+        return 0 if code is None else int(code)
+    except UserInputError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(prog, str(exc))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return _EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `| head`: the reader left; nothing more to say
+        _silence_stdout()
+        return EXIT_USAGE
+    except OSError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(prog, _os_error_message(exc))
+    except Exception as exc:  # noqa: BLE001 - the contract: never a bare traceback
+        if debug:
+            traceback.print_exc()
+        detail = one_line(str(exc)) or "(no message)"
+        print(f"{prog}: internal error: {type(exc).__name__}: {detail} "
+              f"(not your input's fault as far as the tool knows; rerun with --debug for "
+              f"the traceback and report it)", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error argparse already printed (2)
+        if exc.code is None:
+            return 0
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+        parser.print_help(sys.stderr)
+        _error(parser.prog, "a COMMAND is required")
+        return EXIT_USAGE
+    return run_handler(args)
 
 
 if __name__ == "__main__":

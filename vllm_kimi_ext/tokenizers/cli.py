@@ -1,17 +1,18 @@
 """``vllm-kimi-ext tokenizer-check TARGET DRAFT [--json]``.
 
-Exit codes: 0 identical or compatible, 1 incompatible, 2 bad input.
+Exit codes: 0 identical or compatible, 1 incompatible, 2 bad input (a malformed file:
+duplicate, negative or colliding ids, invalid JSON ... named with file and line).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-EXIT_OK = 0
-EXIT_INCOMPATIBLE = 1
-EXIT_BAD_INPUT = 2
+from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+
+EXIT_INCOMPATIBLE = EXIT_FINDINGS
+EXIT_BAD_INPUT = EXIT_USAGE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
                     {"verdict": "error", "error": str(exc), "path": exc.path, "line": exc.line}
                 )
             )
-        print(f"tokenizer-check: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise  # one line on stderr, exit 2 (vllm_kimi_ext.cli)
     if args.json:
         print(report.to_json(indent=2))
     else:
