@@ -42,6 +42,7 @@ import torch
 
 from vllm_kimi_ext.tokenizers.errors import TokenizerInputError
 from vllm_kimi_ext.tokenizers.loading import Key, drop_reserved, vocab_keys
+from vllm_kimi_ext.user_input import MAX_VOCAB_SIZE, UserInputError
 
 from .cross_tokenizer import VocabIntersection, build_intersection
 
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-class TLIConfigError(ValueError):
+class TLIConfigError(UserInputError):
     """A cross-tokenizer draft that cannot be set up (named reason)."""
 
 
@@ -64,11 +65,23 @@ class TLIConfigError(ValueError):
 
 def _vocab_keys(directory: str | Path, size: int | None, role: str) -> list[Key]:
     """Per-id keys of a tokenizer directory, reserved fillers made holes, sized to
-    the model's logits width; any unreadable tokenizer is a :class:`TLIConfigError`."""
+    the model's logits width; any unreadable tokenizer, or one giving two ids the same
+    token (colliding ids), is a :class:`TLIConfigError`."""
+    if size is not None and not 0 < size <= MAX_VOCAB_SIZE:
+        raise TLIConfigError(f"{role} vocab size must be in [1, {MAX_VOCAB_SIZE}], got {size}",
+                             field=f"{role}_vocab_size", expected="a model's logits width")
     try:
         keys = drop_reserved(vocab_keys(directory))
     except TokenizerInputError as exc:
-        raise TLIConfigError(str(exc)) from exc
+        raise TLIConfigError(str(exc), file=exc.file, field=exc.field,
+                             expected=exc.expected) from exc
+    first: dict[Key, int] = {}
+    for i, k in enumerate(keys):
+        if k is not None and first.setdefault(k, i) != i:
+            raise TLIConfigError(
+                f"{role} tokenizer {directory}: token {k!r} has ids {first[k]} and {i} "
+                "(colliding ids: one token must have one id)", file=directory,
+                expected="one id per token")
     return _sized(keys, size, str(directory), role)
 
 
@@ -78,6 +91,13 @@ def _vocab_keys(directory: str | Path, size: int | None, role: str) -> list[Key]
 def _sized(keys: list[Key], size: int | None, where: str, role: str) -> list[Key]:
     if size is None:
         return keys
+    limit = 2 * len(keys) + 1024  # logits widths pad the tokenizer's ids by a few hundred
+    if size > limit:
+        raise TLIConfigError(
+            f"{role} vocab size {size} is more than twice the {len(keys)} ids of the {role} "
+            f"tokenizer {where}: a model's logits width is its tokenizer's id count rounded "
+            f"up (at most {limit} here); check --{role}-vocab-size",
+            field=f"{role}_vocab_size", expected=f"at most {limit}")
     extra = [i for i in range(size, len(keys)) if keys[i] is not None]
     if extra:
         raise TLIConfigError(

@@ -411,11 +411,6 @@ def _compare_chat_templates(t: KimiTokenizerFiles, d: KimiTokenizerFiles) -> lis
     return out
 
 
-def _loader_notes(t: KimiTokenizerFiles, d: KimiTokenizerFiles) -> list[Finding]:
-    return [_finding("info", f"{label}_note", f"{label}: {note}")
-            for label, s in (("target", t), ("draft", d)) for note in s.notes]
-
-
 def _verdict(findings: list[Finding]) -> str:
     severities = {f.severity for f in findings}
     if "incompatible" in severities:
@@ -428,14 +423,13 @@ def _verdict(findings: list[Finding]) -> str:
 
 def compare_tokenizers(t: KimiTokenizerFiles, d: KimiTokenizerFiles) -> TokenizerReport:
     """Compare two parsed directories: ranks, special tokens, bos/eos/pad/unk,
-    vocab sizes, chat templates, then the loaders' notes (the findings' order)."""
+    vocab sizes, then chat templates (the findings' order)."""
     need = _TargetSpecials.of(t)
     findings, first_mismatch = _compare_ranks(t, d)
     findings += _compare_special(t, d, need)
     findings += _compare_special_fields(t, d)
     findings += _compare_vocab_sizes(t, d)
     findings += _compare_chat_templates(t, d)
-    findings += _loader_notes(t, d)
     return TokenizerReport(
         verdict=_verdict(findings),
         target_dir=str(t.path),

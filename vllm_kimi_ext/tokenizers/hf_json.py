@@ -11,11 +11,13 @@ Standard library only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.user_input import MAX_VOCAB_SIZE
+
 from .errors import TokenizerInputError
+from .json_files import read_json_object
 
 __all__ = ["HF_TOKENIZER_FILE", "gpt2_byte_decoder", "hf_vocab_keys"]
 
@@ -65,28 +67,80 @@ def _regular_key(token: str, tid: int, decoder: dict[str, int] | None, path: Pat
     return token.replace("\u2581", " ").encode("utf-8")
 
 
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _vocab_ids(vocab: dict[str, Any], path: Path) -> dict[str, int]:
+    """``model.vocab`` checked: every id a non-negative integer below the size limit,
+    no id given to two tokens."""
+    by_id: dict[int, str] = {}
+    for token, tid in vocab.items():
+        if not _is_id(tid) or not 0 <= tid < MAX_VOCAB_SIZE:
+            raise TokenizerInputError(
+                f"{path}: model.vocab[{token!r}] = {tid!r} is not a token id (expected an "
+                f"integer in [0, {MAX_VOCAB_SIZE}))", path=path, field=f"model.vocab.{token}",
+                expected="a non-negative integer id")
+        if tid in by_id:
+            raise TokenizerInputError(
+                f"{path}: model.vocab gives id {tid} to both {by_id[tid]!r} and {token!r} "
+                "(duplicate id)", path=path, field="model.vocab", expected="unique ids")
+        by_id[tid] = token
+    return vocab
+
+
+def _added_tokens(data: dict[str, Any], vocab: dict[str, int],
+                  path: Path) -> dict[int, str]:
+    """``added_tokens`` as ``{id: content}``, checked: valid ids, one content per id, and
+    no id that ``model.vocab`` gives to another token (a collision)."""
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise TokenizerInputError(f"{path}: added_tokens must be a list", path=path,
+                                  field="added_tokens", expected="a list of objects")
+    vocab_by_id = {tid: tok for tok, tid in vocab.items()}
+    out: dict[int, str] = {}
+    for n, entry in enumerate(added):
+        tid = entry.get("id") if isinstance(entry, dict) else None
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if not _is_id(tid) or not 0 <= tid < MAX_VOCAB_SIZE or not isinstance(content, str):
+            raise TokenizerInputError(
+                f"{path}: added_tokens[{n}] = {entry!r:.80} needs an integer 'id' in "
+                f"[0, {MAX_VOCAB_SIZE}) and a 'content' string", path=path,
+                field=f"added_tokens[{n}]", expected="{'id': int >= 0, 'content': str}")
+        for other, what in ((out.get(tid), "added_tokens"), (vocab_by_id.get(tid), "model.vocab")):
+            if other is not None and other != content:
+                raise TokenizerInputError(
+                    f"{path}: id {tid} is {content!r} in added_tokens but {other!r} in {what} "
+                    "(colliding ids)", path=path, field=f"added_tokens[{n}]",
+                    expected="one token per id")
+        out[tid] = content
+    return out
+
+
 def hf_vocab_keys(directory: str | Path) -> list[bytes | str | None]:
     """Per-id keys of a Hugging Face ``tokenizer.json`` BPE vocabulary: the token's
-    bytes, an added token's name, or None for an id the file does not define."""
+    bytes, an added token's name, or None for an id the file does not define.
+
+    Refuses (:class:`TokenizerInputError`, naming file and field) duplicate, negative
+    or absurdly large ids, tokens listed twice and added tokens colliding with others."""
     path = Path(directory) / HF_TOKENIZER_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerInputError(f"{path}: cannot read tokenizer.json ({exc})",
-                                  path=path) from exc
-    model = data.get("model") or {}
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+    data = read_json_object(path)
+    model = data.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE" \
+            or not isinstance(model.get("vocab"), dict):
+        kind = model.get("type") if isinstance(model, dict) else model
         raise TokenizerInputError(
-            f"{path}: model type {model.get('type')!r} is not supported for cross-tokenizer "
-            "drafting (BPE vocabularies only: byte-level or SentencePiece-style)", path=path)
+            f"{path}: model type {kind!r} is not supported for cross-tokenizer "
+            "drafting (BPE vocabularies only: byte-level or SentencePiece-style)", path=path,
+            field="model.type", expected="BPE")
     byte_level = "ByteLevel" in _component_types([data.get("pre_tokenizer"), data.get("decoder")])
     decoder = gpt2_byte_decoder() if byte_level else None
-    vocab: dict[str, int] = model["vocab"]
-    added = data.get("added_tokens") or []
-    size = 1 + max([*vocab.values(), *(int(a["id"]) for a in added)], default=-1)
+    vocab = _vocab_ids(model["vocab"], path)
+    added = _added_tokens(data, vocab, path)
+    size = 1 + max([*vocab.values(), *added], default=-1)
     keys: list[bytes | str | None] = [None] * size
     for token, tid in vocab.items():
         keys[tid] = _regular_key(token, tid, decoder, path)
-    for entry in added:  # added tokens are atomic control tokens: keyed by name
-        keys[int(entry["id"])] = str(entry["content"])
+    for tid, content in added.items():  # added tokens are atomic control tokens: keyed by name
+        keys[tid] = content
     return keys

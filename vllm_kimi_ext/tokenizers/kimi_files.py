@@ -16,13 +16,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.user_input import MAX_VOCAB_SIZE
+
 from .errors import TokenizerInputError
+from .json_files import read_json_object
 
 __all__ = [
     "NUM_RESERVED_SPECIAL_TOKENS",
@@ -55,7 +57,6 @@ class KimiTokenizerFiles:
     fields: dict[str, str | None]  # bos_token / eos_token / pad_token / unk_token
     chat_template: str | None
     config_vocab_size: int | None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def n_ranks(self) -> int:
@@ -200,23 +201,7 @@ def parse_rank_file(path: str | Path) -> tuple[list[bytes], str]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TokenizerInputError(f"{path}: cannot read: {exc}", path=path) from exc
-    except UnicodeDecodeError as exc:
-        raise TokenizerInputError(f"{path}: not UTF-8 text ({exc})", path=path) from exc
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TokenizerInputError(
-            f"{path} line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}",
-            path=path,
-            line=exc.lineno,
-        ) from exc
-    if not isinstance(obj, dict):
-        raise TokenizerInputError(f"{path}: expected a JSON object at top level", path=path)
-    return obj
+    return read_json_object(path)
 
 
 def _token_content(value: Any) -> str | None:
@@ -275,10 +260,12 @@ def _declared_special(config: dict[str, Any], config_path: Path) -> dict[int, st
             tid = int(key)
         except (TypeError, ValueError):
             tid = -1
-        if tid < 0:
+        if not 0 <= tid < MAX_VOCAB_SIZE:
             raise TokenizerInputError(
-                f"{config_path}: added_tokens_decoder key {key!r} is not a token id",
-                path=config_path,
+                f"{config_path}: added_tokens_decoder key {key!r} is not a token id "
+                f"(expected an integer in [0, {MAX_VOCAB_SIZE}))",
+                path=config_path, field=f"added_tokens_decoder.{key}",
+                expected="a non-negative integer id",
             )
         content = _token_content(value)
         if not content:
@@ -290,20 +277,23 @@ def _declared_special(config: dict[str, Any], config_path: Path) -> dict[int, st
     return declared
 
 
-def _effective_special(declared: dict[int, str], n: int, notes: list[str]) -> dict[int, str]:
+def _effective_special(declared: dict[int, str], n: int, config_path: Path) -> dict[int, str]:
     """The special ids Kimi's loader ends up with after ``n`` ranks: the 256 reserved
-    slots (declared name or filler) plus declared ids above them; declared ids below
-    ``n`` are ignored (and noted)."""
+    slots (declared name or filler) plus declared ids above them. A declared id below
+    ``n`` collides with a regular token (Kimi's loader would drop it silently): refused."""
+    colliding = sorted(t for t in declared if t < n)
+    if colliding:
+        tid = colliding[0]
+        raise TokenizerInputError(
+            f"{config_path}: added_tokens_decoder id {tid} (`{declared[tid]}`) collides with "
+            f"regular token {tid} of the {n}-rank file ({len(colliding)} colliding id(s); "
+            f"special ids start at {n})", path=config_path,
+            field=f"added_tokens_decoder.{tid}", expected=f"ids >= {n}")
     special: dict[int, str] = {}
     for tid in range(n, n + NUM_RESERVED_SPECIAL_TOKENS):
         special[tid] = declared.get(tid, f"<|reserved_token_{tid}|>")
     for tid, content in declared.items():
-        if tid < n:
-            notes.append(
-                f"added_tokens_decoder id {tid} (`{content}`) is below the {n} ranks; "
-                "Kimi's loader ignores it"
-            )
-        elif tid >= n + NUM_RESERVED_SPECIAL_TOKENS:
+        if tid >= n + NUM_RESERVED_SPECIAL_TOKENS:
             special[tid] = content
     return special
 
@@ -350,8 +340,7 @@ def load_tokenizer_dir(directory: str | Path) -> KimiTokenizerFiles:
         raise TokenizerInputError(f"{config_path}: file not found", path=config_path)
     config = _read_json(config_path)
     declared = _declared_special(config, config_path)
-    notes: list[str] = []
-    special = _effective_special(declared, len(ranks), notes)
+    special = _effective_special(declared, len(ranks), config_path)
     special_ids: dict[str, list[int]] = {}
     for tid in sorted(special):
         special_ids.setdefault(special[tid], []).append(tid)
@@ -367,5 +356,4 @@ def load_tokenizer_dir(directory: str | Path) -> KimiTokenizerFiles:
         fields={f: _token_content(config.get(f)) for f in SPECIAL_FIELDS},
         chat_template=_chat_template(directory, config, config_path),
         config_vocab_size=_config_vocab_size(directory),
-        notes=notes,
     )
