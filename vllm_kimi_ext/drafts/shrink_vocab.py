@@ -447,7 +447,7 @@ def _write_head(head_dir: Path, tmp: Path, cfg: dict, index: TensorIndex, lm_hea
     d2t = kept_t - torch.arange(len(kept), dtype=torch.int64)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[kept_t] = True
-    lm_file = index.entries[lm_head][2]
+    lm_file = index.file(lm_head)
     files = sorted(head_dir.glob("*.safetensors"))
     for file in files:
         with safe_open(str(file), framework="pt") as fh:
