@@ -274,7 +274,134 @@ def test_cli_registers_draft_group_and_keeps_doctor():
     parser = build_parser()
     args = parser.parse_args(["draft", "shrink-vocab", "--head", "h", "--tokenizer", "t",
                               "--corpus", "a", "--corpus", "b", "--out", "o"])
-    assert args.corpus == ["a", "b"] and args.size == 32000 and args.field is None
+    assert args.corpus == ["a", "b"] and args.size == 32000 and args.field == []
     assert not args.trust_remote_code and not args.force
     args = parser.parse_args(["doctor", "--target", "t", "--draft", "d"])
     assert args.func.__name__ == "run_doctor"
+
+
+# --------------------------------------------------------------------------- #
+# Interrupted runs: a real SIGKILL / SIGTERM of the CLI in a subprocess        #
+# --------------------------------------------------------------------------- #
+
+# The child runs the real CLI; safetensors' save_file is wrapped to write half of the
+# first weight file, drop a marker and wait: the parent then signals it mid-write.
+_CHILD = """
+import sys, time
+import safetensors.torch as st
+real = st.save_file
+def half_then_wait(tensors, filename, metadata=None):
+    real(tensors, filename, metadata=metadata)
+    data = open(filename, "rb").read()
+    open(filename, "wb").write(data[: len(data) // 2])
+    open(sys.argv[1], "w").write(filename)
+    time.sleep(120)
+st.save_file = half_then_wait
+from vllm_kimi_ext.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_inputs(tmp_path_factory):
+    from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
+
+    root = tmp_path_factory.mktemp("interrupted")
+    spec = TinyKimiSpec(num_ranks=512)
+    write_tiny_eagle3(root / "head", spec)
+    write_kimi_tokenizer(root / "tok", n_ranks=512)
+    (root / "corpus.jsonl").write_text(
+        json.dumps({"prompt": "The quick brown fox jumps over the lazy dog."}) + "\n")
+    return root
+
+
+def _cli_argv(root: Path, out: Path, *extra: str) -> list[str]:
+    return ["draft", "shrink-vocab", "--head", str(root / "head"), "--tokenizer",
+            str(root / "tok"), "--trust-remote-code", "--corpus", str(root / "corpus.jsonl"),
+            "--size", "400", "--out", str(out), *extra]
+
+
+def _run_until_mid_write(root: Path, out: Path, *extra: str):
+    """Start the CLI in a subprocess; return it once it is half-way through a file."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    marker = out.parent / f"{out.name}.marker"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(sv.__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(marker),
+                             *_cli_argv(root, out, *extra)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"child never reached the write: {proc.communicate()}")
+        time.sleep(0.1)
+    return proc, Path(marker.read_text())
+
+
+def test_sigkill_mid_write_leaves_the_previous_output_and_the_next_run_cleans_up(
+        cli_inputs, tmp_path, capsys):
+    import signal
+
+    from safetensors.torch import load_file
+
+    from vllm_kimi_ext.cli import main
+
+    out = tmp_path / "small-head"
+    assert main(_cli_argv(cli_inputs, out)) == 0
+    previous = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    proc, partial = _run_until_mid_write(cli_inputs, out, "--force", "--size", "350")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # killed mid-write: the final name still holds the previous, complete output ...
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == previous
+    # ... and the half-written file sits in this tool's own temporary directory
+    assert partial.parent == tmp_path / f".{out.name}.shrink-vocab-tmp-{proc.pid}"
+    assert partial.exists() and partial.stat().st_size > 0
+    assert partial.stat().st_size < (out / partial.name).stat().st_size
+
+    capsys.readouterr()
+    assert main(_cli_argv(cli_inputs, out, "--force", "--size", "350")) == 0
+    assert not partial.parent.exists()  # the dead run's leftovers are gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small-head", "small-head.marker"]
+    assert load_file(out / "model.safetensors")["d2t"].numel() == 350
+
+
+def test_sigterm_mid_write_leaves_nothing(cli_inputs, tmp_path):
+    import signal
+
+    out = tmp_path / "small-head"
+    proc, partial = _run_until_mid_write(cli_inputs, out)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small-head.marker"]
+
+
+def test_stale_directories_of_dead_runs_only_are_removed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from vllm_kimi_ext.drafts.output_dir import clean_stale
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    mine = tmp_path / f".out.shrink-vocab-tmp-{os.getpid()}"
+    stale = tmp_path / f".out.shrink-vocab-tmp-{dead_pid}"
+    moved = tmp_path / f".gone.shrink-vocab-old-{dead_pid}"  # replacement killed mid-rename
+    other = tmp_path / f".out.tmp-{dead_pid}"  # not ours: never touched
+    for d in (mine, stale, moved, other):
+        d.mkdir()
+    (moved / "config.json").write_text("{}")
+    done = clean_stale(tmp_path)
+    assert mine.exists() and other.exists() and not stale.exists()
+    assert (tmp_path / "gone" / "config.json").exists() and not moved.exists()
+    assert len(done) == 2

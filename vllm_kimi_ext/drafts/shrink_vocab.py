@@ -20,8 +20,12 @@ vocabulary-wide argmax. EAGLE-3 supports a reduced draft vocabulary
    ``coverage.json`` / ``coverage.md`` (share of corpus tokens the kept set
    covers, per corpus file and overall).
 
-The output directory is written in a temporary sibling directory and renamed
-into place at the end: on any error nothing is left behind.
+Everything that can be checked cheaply is checked before the corpora are read
+(:func:`check_inputs`: the output path, the head's config and safetensors headers
+against the file sizes, each corpus file's first bytes). The output directory is
+written in a temporary sibling directory and renamed into place at the end
+(:mod:`.output_dir`): on any error, SIGTERM included, nothing is left behind, and the
+leftovers of a SIGKILLed run are removed by the next one. Corpora: :mod:`.corpus`.
 
 Nothing here imports vLLM; torch and safetensors are imported when writing.
 """
@@ -29,19 +33,20 @@ Nothing here imports vLLM; torch and safetensors are imported when writing.
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import io
 import json
 import os
 import re
 import shutil
-import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .doctor import TensorIndex
+from vllm_kimi_ext.user_input import UserInputError
+
+from .corpus import DEFAULT_FIELDS, CorpusError, iter_documents, sniff_corpus
+from .output_dir import clean_stale, write_directory_atomically
+from .safetensors_headers import TensorIndex
 
 __all__ = [
     "DEFAULT_FIELDS",
@@ -50,6 +55,7 @@ __all__ = [
     "CoverageReport",
     "ShrinkVocabError",
     "chat_template_token_ids",
+    "check_inputs",
     "count_corpus",
     "forced_token_ids",
     "iter_documents",
@@ -58,14 +64,11 @@ __all__ = [
 ]
 
 DEFAULT_SIZE = 32000
-#: Record fields tried, in order, when no ``field`` is given.
-DEFAULT_FIELDS = ("prompt", "text", "question", "turns", "content")
-_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _WEIGHT_INDEX = "model.safetensors.index.json"
 _JINJA_TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}|\{#.*?#\}", re.DOTALL)
 
 
-class ShrinkVocabError(ValueError):
+class ShrinkVocabError(UserInputError):
     """The input cannot be reduced (the message names the mismatch)."""
 
 
@@ -182,94 +185,6 @@ class CoverageReport:
 # --------------------------------------------------------------------------- #
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def _is_jsonl(path: Path) -> bool:
-    name = path.name.removesuffix(".gz")
-    suffix = Path(name).suffix.lower()
-    if suffix in _JSONL_SUFFIXES:
-        return True
-    if suffix == ".txt":
-        return False
-    with _open_text(path) as fh:  # sniff: first non-blank line is a JSON object
-        for line in fh:
-            if line.strip():
-                try:
-                    return isinstance(json.loads(line), dict)
-                except ValueError:
-                    return False
-    return False
-
-
-def _texts(value: Any) -> list[str] | None:
-    """Strings of a record field: a string, or a list of strings / of
-    ``{"content": str}`` / ``{"value": str}`` turns."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        out = []
-        for item in value:
-            if isinstance(item, str):
-                out.append(item)
-            elif isinstance(item, dict):
-                text = item.get("content", item.get("value"))
-                if isinstance(text, str):
-                    out.append(text)
-        return out or None
-    return None
-
-
-def iter_documents(
-    path: str | Path, field: str | None = None, text_unit: str = "line"
-) -> Iterator[list[str] | None]:
-    """One item per record of a corpus file: its texts, or ``None`` for a
-    record without a usable field (counted as skipped).
-
-    JSONL (``.jsonl`` / ``.ndjson`` / ``.json``, or any file whose first line is
-    a JSON object): ``field``, else the first of :data:`DEFAULT_FIELDS` present.
-    Plain text: one document per non-blank line (``text_unit="line"``) or the
-    whole file (``"file"``). A ``.gz`` suffix is decompressed.
-    """
-    path = Path(path)
-    fields = (field,) if field else DEFAULT_FIELDS
-    if _is_jsonl(path):
-        with _open_text(path) as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError as exc:
-                    raise ShrinkVocabError(
-                        f"corpus {path}: line {lineno} is not valid JSON ({exc})") from None
-                texts = None
-                if isinstance(record, dict):
-                    for name in fields:
-                        if name in record:
-                            texts = _texts(record[name])
-                            if texts is not None:
-                                break
-                yield texts
-        return
-    if text_unit == "file":
-        with _open_text(path) as fh:
-            text = fh.read()
-        if text.strip():
-            yield [text]
-        return
-    if text_unit != "line":
-        raise ShrinkVocabError(f"text_unit must be 'line' or 'file', got {text_unit!r}")
-    with _open_text(path) as fh:
-        for line in fh:
-            line = line.rstrip("\r\n")
-            if line.strip():
-                yield [line]
-
-
 @dataclasses.dataclass
 class _Counted:
     path: str
@@ -287,24 +202,21 @@ def count_corpus(
     text_unit: str = "line",
     progress: bool | None = None,
 ) -> _Counted:
-    """Token counts of one corpus file (tqdm progress bar over records)."""
-    from tqdm import tqdm
-
+    """Token counts of one corpus file (tqdm progress bar over its bytes; ``None``:
+    shown on a terminal only)."""
     path = Path(path)
-    if not path.is_file():
-        raise ShrinkVocabError(f"corpus {path} does not exist or is not a file")
     counts: Counter = Counter()
     records = skipped = 0
-    # progress=None: tqdm's own choice (shown on a terminal only)
-    bar = tqdm(iter_documents(path, field, text_unit), desc=path.name, unit="rec",
-               disable=None if progress is None else not progress, leave=False)
-    for texts in bar:
-        if texts is None:
-            skipped += 1
-            continue
-        records += 1
-        for text in texts:
-            counts.update(encode(text))
+    try:
+        for texts in iter_documents(path, field, text_unit, progress=progress):
+            if texts is None:
+                skipped += 1
+                continue
+            records += 1
+            for text in texts:
+                counts.update(encode(text))
+    except CorpusError as exc:
+        raise ShrinkVocabError(str(exc), file=exc.file, expected=exc.expected) from None
     bad = [t for t in counts if not 0 <= int(t) < vocab_size]
     if bad:
         raise ShrinkVocabError(
@@ -398,16 +310,25 @@ def _read_head(head_dir: Path) -> tuple[dict, TensorIndex, str, int]:
     """Validated (config, tensor index, lm_head tensor name, vocab size)."""
     cfg_path = head_dir / "config.json"
     if not head_dir.is_dir():
-        raise ShrinkVocabError(f"head {head_dir} is not a directory")
+        raise ShrinkVocabError(f"head {head_dir} is not a directory", file=head_dir,
+                               expected="an EAGLE-3 head directory")
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ShrinkVocabError(f"head {head_dir}: cannot read config.json ({exc})") from None
+        raise ShrinkVocabError(f"head {head_dir}: cannot read config.json ({exc})",
+                               file=cfg_path, expected="a JSON config") from None
+    if not isinstance(cfg, dict):
+        raise ShrinkVocabError(f"head {cfg_path}: holds a JSON {type(cfg).__name__}, expected "
+                               "an object of config fields", file=cfg_path)
     try:
         index = TensorIndex.from_dir(head_dir)
     except (OSError, ValueError) as exc:
-        raise ShrinkVocabError(f"head {head_dir}: cannot read safetensors ({exc})") from None
+        raise ShrinkVocabError(f"head {head_dir}: cannot read safetensors ({exc})",
+                               file=head_dir, expected="complete safetensors files") from None
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ShrinkVocabError(f"head {cfg_path}: architectures must be a list of class names, "
+                               f"got {archs!r}", file=cfg_path, field="architectures")
     if not any("eagle3" in str(a).lower() for a in archs):
         raise ShrinkVocabError(
             f"head {head_dir} is not an EAGLE-3 head: architectures {archs} contain no "
@@ -417,7 +338,7 @@ def _read_head(head_dir: Path) -> tuple[dict, TensorIndex, str, int]:
             f"head {head_dir} is not an EAGLE-3 head: no fc.weight tensor "
             f"(the aux-hidden-state fusion layer)")
     vocab = cfg.get("vocab_size")
-    if not isinstance(vocab, int) or vocab <= 0:
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
         raise ShrinkVocabError(f"head {head_dir}: config.json has no valid vocab_size ({vocab!r})")
     dvocab = cfg.get("draft_vocab_size")
     reduced_tensors = [n for n in ("d2t", "t2d") if index.find(n) is not None]
@@ -432,8 +353,8 @@ def _read_head(head_dir: Path) -> tuple[dict, TensorIndex, str, int]:
     shape = index.shape(lm_head)
     if len(shape) != 2 or shape[0] != vocab:
         raise ShrinkVocabError(
-            f"head {head_dir}: lm_head.weight has {shape[0]} rows (shape {list(shape)}) but "
-            f"config vocab_size is {vocab}")
+            f"head {head_dir}: lm_head.weight has {shape[0] if shape else 0} rows (shape "
+            f"{list(shape)}) but config vocab_size is {vocab}")
     return cfg, index, lm_head, vocab
 
 
@@ -501,6 +422,7 @@ def shrink_vocab(
     text_unit: str = "line",
     chat_template: Any = None,
     progress: bool | None = None,
+    fields_by_file: Mapping[str, str] | None = None,
 ) -> CoverageReport:
     """Write a ``size``-token EAGLE-3 head to ``out_dir`` (see the module doc).
 
@@ -508,15 +430,17 @@ def shrink_vocab(
     list[int]`` (what it returns is counted: pass one that adds no BOS),
     ``all_special_ids`` and ``__len__``; ``added_tokens_decoder``,
     ``chat_template`` and ``bos/eos/pad_token_id`` are used when present.
-    ``chat_template`` overrides the tokenizer's. Raises
-    :class:`ShrinkVocabError` naming the mismatch; on any error ``out_dir`` is
-    left as it was (absent, or the previous directory under ``force``).
+    ``chat_template`` overrides the tokenizer's. ``field`` names the record field of
+    every JSON corpus, ``fields_by_file`` (corpus path as given -> field) of single
+    ones. Raises :class:`ShrinkVocabError` naming the mismatch; on any error
+    ``out_dir`` is left as it was (absent, or the previous directory under ``force``).
     """
-    head_dir, out_dir, corpora = _check_paths(head_dir, corpora, out_dir, force)
-    cfg, index, lm_head, vocab = _read_head(head_dir)
+    head_dir, out_dir, corpora, (cfg, index, lm_head, vocab) = check_inputs(
+        head_dir, corpora, out_dir, force=force, fields_by_file=fields_by_file)
     _check_tokenizer_and_size(tokenizer, vocab, size)
-    counted, total = _count_corpora(corpora, tokenizer, vocab, field=field, text_unit=text_unit,
-                                    progress=progress)
+    fields = {str(p): (fields_by_file or {}).get(str(p), field) for p in corpora}
+    counted, total = _count_corpora(corpora, tokenizer, vocab, fields=fields,
+                                    text_unit=text_unit, progress=progress)
     forced = {t for t in forced_token_ids(tokenizer, cfg, chat_template) if 0 <= t < vocab}
     kept = select_kept_ids(total, forced, size, vocab)
     kept_set = set(kept)
@@ -535,23 +459,88 @@ def shrink_vocab(
         _write_head(head_dir, tmp, cfg, index, lm_head, kept, vocab)
         _write_coverage(tmp, report)
 
-    _write_atomically(out_dir, write, force=force)
+    write_directory_atomically(out_dir, write, force=force, exists_error=_exists_error)
     return report
 
 
+def _exists_error(out_dir: Path) -> ShrinkVocabError:
+    return ShrinkVocabError(f"output directory {out_dir} exists (use --force to replace it)",
+                            file=out_dir, expected="a new directory, or --force")
+
+
+def check_inputs(head_dir: str | Path, corpora: Sequence[str | Path] | str | Path,
+                 out_dir: str | Path | None, *, force: bool = False,
+                 fields_by_file: Mapping[str, str] | None = None,
+                 ) -> tuple[Path, Path, list[Path], tuple[dict, TensorIndex, str, int]]:
+    """Everything checkable before a tokenizer is loaded or a corpus read: the output
+    path (also cleans this tool's stale temporary directories next to it), the head,
+    the corpus files' first bytes. Returns ``(head, out, corpora, head contents)``."""
+    if out_dir is not None:  # first: a killed run's moved-aside output is restored
+        clean_stale(_existing_ancestor(Path(out_dir).parent))
+    head_dir, out_dir, corpora = _check_paths(head_dir, corpora, out_dir, force)
+    unknown = sorted(set(fields_by_file or {}) - {str(p) for p in corpora})
+    if unknown:
+        raise ShrinkVocabError(
+            f"--field {unknown[0]}:... names a file that is not a --corpus "
+            f"({', '.join(map(str, corpora))})", field="--field",
+            expected="FILE:FIELD with FILE given as --corpus")
+    head = _read_head(head_dir)
+    for path in corpora:
+        try:
+            sniff_corpus(path)
+        except CorpusError as exc:
+            raise ShrinkVocabError(str(exc), file=exc.file, expected=exc.expected) from None
+    return head_dir, out_dir, corpora, head
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_out_dir(head_dir: Path, out_dir: Path, force: bool) -> None:
+    """``out_dir`` can be created (or replaced with ``force``) and is apart from the head."""
+    head_r, out_r = head_dir.resolve(), out_dir.resolve()
+    if out_r == head_r:
+        raise ShrinkVocabError(f"output directory {out_dir} is the input head", file=out_dir)
+    if head_r in out_r.parents:
+        raise ShrinkVocabError(
+            f"output directory {out_dir} is inside the head directory {head_dir}: the head's "
+            "files are copied into the output; choose a directory outside it", file=out_dir,
+            expected="a directory outside the head")
+    if out_r in head_r.parents:
+        raise ShrinkVocabError(
+            f"output directory {out_dir} contains the head directory {head_dir}: replacing it "
+            "would delete the head; choose another directory", file=out_dir,
+            expected="a directory that does not contain the head")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ShrinkVocabError(f"output {out_dir} exists and is not a directory",
+                               file=out_dir, expected="a directory path")
+    if out_dir.exists() and not force:
+        raise _exists_error(out_dir)
+    anc = _existing_ancestor(out_dir.parent)
+    if not anc.is_dir():
+        raise ShrinkVocabError(
+            f"output directory {out_dir} cannot be created: {anc} is a file, not a directory",
+            file=out_dir, expected="a path under a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise ShrinkVocabError(f"output directory {out_dir} cannot be created: no write "
+                               f"permission in {anc}", file=out_dir,
+                               expected="a writable location")
+
+
 def _check_paths(head_dir: str | Path, corpora: Sequence[str | Path] | str | Path,
-                 out_dir: str | Path | None, force: bool) -> tuple[Path, Path, list]:
+                 out_dir: str | Path | None, force: bool) -> tuple[Path, Path, list[Path]]:
     """``(head_dir, out_dir, corpora)`` as paths / a list, or the reason they are refused."""
     if out_dir is None:
         raise ShrinkVocabError("out_dir is required")
     head_dir, out_dir = Path(head_dir), Path(out_dir)
-    corpora = [corpora] if isinstance(corpora, (str, Path)) else list(corpora)
+    corpora = [Path(corpora)] if isinstance(corpora, (str, Path)) else [Path(c) for c in corpora]
     if not corpora:
         raise ShrinkVocabError("empty corpus: no corpus file given")
-    if out_dir.exists() and out_dir.resolve() == head_dir.resolve():
-        raise ShrinkVocabError(f"output directory {out_dir} is the input head")
-    if out_dir.exists() and not force:
-        raise ShrinkVocabError(f"output directory {out_dir} exists (use --force to replace it)")
+    _check_out_dir(head_dir, out_dir, force)
     return head_dir, out_dir, corpora
 
 
@@ -567,11 +556,12 @@ def _check_tokenizer_and_size(tokenizer: TokenizerLike, vocab: int, size: int) -
             f"got {size}")
 
 
-def _count_corpora(corpora: list, tokenizer: TokenizerLike, vocab: int, *, field: str | None,
-                   text_unit: str, progress: bool | None) -> tuple[list[_Counted], Counter]:
+def _count_corpora(corpora: list[Path], tokenizer: TokenizerLike, vocab: int, *,
+                   fields: Mapping[str, str | None], text_unit: str,
+                   progress: bool | None) -> tuple[list[_Counted], Counter]:
     """Per-corpus counts and their total; refuses corpora that yield no token."""
-    counted = [count_corpus(p, tokenizer.encode, vocab, field=field, text_unit=text_unit,
-                            progress=progress) for p in corpora]
+    counted = [count_corpus(p, tokenizer.encode, vocab, field=fields.get(str(p)),
+                            text_unit=text_unit, progress=progress) for p in corpora]
     total: Counter = Counter()
     for c in counted:
         total.update(c.counts)
@@ -580,28 +570,3 @@ def _count_corpora(corpora: list, tokenizer: TokenizerLike, vocab: int, *, field
             "empty corpus: the corpora tokenize to 0 tokens ("
             + ", ".join(c.path for c in counted) + ")")
     return counted, total
-
-
-def _write_atomically(out_dir: Path, write: Callable[[Path], None], *, force: bool) -> None:
-    """Run ``write`` into a temporary sibling of ``out_dir``, then rename it into
-    place; on any error nothing is left behind and a replaced ``out_dir`` is restored."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    old: Path | None = None
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would outlive the rename
-        write(tmp)
-        if out_dir.exists():
-            if not force:  # appeared while we were writing
-                raise ShrinkVocabError(f"output directory {out_dir} exists "
-                                       f"(use --force to replace it)")
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{tmp.name[-8:]}"
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and old.exists() and not out_dir.exists():
-            os.rename(old, out_dir)  # put the previous output back
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
