@@ -405,3 +405,21 @@ def test_stale_directories_of_dead_runs_only_are_removed(tmp_path):
     assert mine.exists() and other.exists() and not stale.exists()
     assert (tmp_path / "gone" / "config.json").exists() and not moved.exists()
     assert len(done) == 2
+
+
+def test_progress_bar_advances_over_the_corpus_bytes(tmp_path, capsys):
+    import time
+
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("t1 t2 t3\n" * 600)
+
+    def slow_encode(text):  # a tokenizer slow enough for tqdm to redraw (every 0.1 s)
+        time.sleep(0.001)
+        return FakeTokenizer().encode(text)
+
+    counted = sv.count_corpus(corpus, slow_encode, VOCAB, progress=True)
+    assert counted.records == 600
+    err = capsys.readouterr().err
+    shown = {int(p) for p in __import__("re").findall(r"long\.txt:\s+(\d+)%", err)}
+    assert any(0 < p < 100 for p in shown), err  # redrawn part-way, not only at the ends
+    assert "5.40k" in err  # total = the file's 5400 bytes
