@@ -48,6 +48,7 @@ from .doctor_checks import (
     effective_aux_layer_ids,
     infer_method,
     mtp_experts_quantized,
+    rope_type,
     text_config,
     text_field,
     uses_aux,
@@ -239,8 +240,9 @@ def _check_needed(t: dict, d: dict, method: str | None, *, served: int | None,
     for role, cfg, need, meaning, file in (("target", t, t_need, _TARGET_NEEDS, files[0]),
                                            ("draft", d, d_need, _DRAFT_NEEDS, files[1])):
         for name in need:
-            if role == "target" and name == "max_position_embeddings" and served:
-                continue
+            if name == "max_position_embeddings" and (
+                    served if role == "target" else rope_type(cfg) in CACHE_ONLY_ROPE_TYPES):
+                continue  # given on the command line / vLLM raises a cache-only limit
             if (role, name) in invalid or text_field(cfg, name) is not None:
                 continue
             where = " (top level or text_config)" if "text_config" in cfg else ""

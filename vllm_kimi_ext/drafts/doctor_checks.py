@@ -90,7 +90,7 @@ def _theta(cfg: dict) -> Any:
     return theta if theta is not None else _rope(cfg).get("rope_theta")
 
 
-def _rope_type(cfg: dict) -> str:
+def rope_type(cfg: dict) -> str:
     rope = _rope(cfg)
     return str(rope.get("rope_type") or rope.get("type") or "default")
 
@@ -172,7 +172,7 @@ def check_context_cap(tgt: dict, draft_cfg: dict,
     d_mpe = draft_cfg.get("max_position_embeddings")
     if d_mpe is None or not served or int(d_mpe) >= served:
         return []
-    rtype = _rope_type(draft_cfg)
+    rtype = rope_type(draft_cfg)
     if rtype in CACHE_ONLY_ROPE_TYPES:
         return []
     return [finding("W-CONTEXT-CAP", (
@@ -217,8 +217,8 @@ def check_rope(tgt: dict, draft_cfg: dict) -> list[Finding]:
     tr, dr = _rope(tgt), _rope(draft_cfg)
     if tr and dr:
         diffs = []
-        if _rope_type(tgt) != _rope_type(draft_cfg):
-            diffs.append(f"type {_rope_type(draft_cfg)} vs {_rope_type(tgt)}")
+        if rope_type(tgt) != rope_type(draft_cfg):
+            diffs.append(f"type {rope_type(draft_cfg)} vs {rope_type(tgt)}")
         for key in ("factor", "original_max_position_embeddings"):
             if key in tr and key in dr and float(tr[key]) != float(dr[key]):
                 diffs.append(f"{key} {dr[key]} vs {tr[key]}")

@@ -183,6 +183,8 @@ DOCTOR_CASES: list[Case] = [
             ["E-METHOD-UNKNOWN", "E-CONFIG-MISSING"]),
     _doctor("draft-without-max-position", _pair(edit=_cfg(max_position_embeddings=DROP)), 1,
             ["has no max_position_embeddings", "default"], ["E-CONFIG-MISSING"]),
+    _doctor("draft-without-max-position-cache-only-rope", _pair(edit=_cfg(
+        max_position_embeddings=DROP, rope_scaling=DROP)), 0, ['"ok": true']),
     # -- weight files
     _doctor("no-safetensors", _pair(edit=_remove("model.safetensors")), 1,
             ["no *.safetensors weight file"], ["E-WEIGHTS-MISSING"]),
