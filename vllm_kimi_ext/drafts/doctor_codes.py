@@ -4,8 +4,9 @@ The doctor creates findings only through :func:`finding`, which looks the code u
 here, so a code cannot be reported without being listed. ``doctor --list-codes``
 prints the table, ``docs/doctor.md`` carries it as Markdown between the
 :data:`DOC_BEGIN` / :data:`DOC_END` markers (regenerate with
-``python -m vllm_kimi_ext.drafts.doctor_codes --write-docs docs``; a test fails when it
-is stale).
+``python -m vllm_kimi_ext.drafts.doctor_codes --write-docs docs``, ``--check-docs docs``
+exits 1 when it is stale, as the repository's other document generators do; a test
+fails when it is stale).
 
 Severities: ``error`` (the pair fails, or silently loses acceptance or context, in vLLM
 0.34.0; or a check the pair needs cannot run: exit 1) and ``warning`` (works, with a
@@ -176,18 +177,34 @@ def render_doc(text: str) -> str:
 
 
 def write_docs(directory: str | Path) -> Path:
-    """Regenerate the table in ``DIRECTORY/doctor.md``; returns the path."""
+    """Regenerate the table in ``DIRECTORY/doctor.md`` (left alone when current)."""
     path = Path(directory) / DOC_FILE
-    path.write_text(render_doc(path.read_text(encoding="utf-8")), encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    fresh = render_doc(text)
+    if fresh != text:
+        path.write_text(fresh, encoding="utf-8")
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The repository's doc-generator convention: ``--write-docs DIR`` updates the
+    generated table of ``DIR/doctor.md`` in place, ``--check-docs DIR`` exits 1 when it
+    is stale; without either, print the table."""
     p = argparse.ArgumentParser(description="Print or regenerate the doctor's finding codes.")
-    p.add_argument("--write-docs", metavar="DIR", help=f"rewrite the table in DIR/{DOC_FILE}")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--write-docs", metavar="DIR", help=f"update the table in DIR/{DOC_FILE}")
+    group.add_argument("--check-docs", metavar="DIR",
+                       help=f"exit 1 when the table in DIR/{DOC_FILE} is stale")
     args = p.parse_args(argv)
     if args.write_docs:
         print(write_docs(args.write_docs))
+    elif args.check_docs:
+        path = Path(args.check_docs) / DOC_FILE
+        text = path.read_text(encoding="utf-8")
+        if render_doc(text) != text:
+            print(f"{path} is stale: python -m {__name__} --write-docs {args.check_docs}",
+                  file=sys.stderr)
+            return 1
     else:
         print(markdown_table())
     return 0
