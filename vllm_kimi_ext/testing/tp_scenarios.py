@@ -144,6 +144,9 @@ def _plant_extra_all_reduce():
 def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     """Verification of a speculative step on the real tiny Kimi-K2.5 at TP=world.
 
+    Long because: one scenario read top to bottom (build the batch, run both verifiers,
+    count the collectives, compare), which a test asserts on as a whole.
+
     Target hidden states for 3 requests × (3 drafts + bonus) rows; drafts are a
     mix of the target's argmax (accepted under greedy) and other tokens. The
     vocab-sharded verifier works from ``compute_logits_local`` and exchanges
