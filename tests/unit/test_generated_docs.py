@@ -36,7 +36,8 @@ def _stale_copy(tmp_path: Path) -> Path:
         # a line inside cost-model.md's generated anatomy block
         "docs/cost-model.md": (r"\| part \| GB per GPU \| how \|", "| part | GB | how |"),
         # a row of the generated finding-code table
-        "docs/doctor.md": (r"\| `E-CONFIG-MISSING` \| error \|", "| `E-CONFIG-MISSING` | warning |"),
+        "docs/doctor.md": (r"\| `E-CONFIG-MISSING` \| error \|",
+                           "| `E-CONFIG-MISSING` | warning |"),
     }
     for rel, (pattern, repl) in edits.items():
         text = (root / rel).read_text()

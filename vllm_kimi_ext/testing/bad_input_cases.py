@@ -723,7 +723,57 @@ CLI_CASES: list[Case] = [
 
 # Hooks for tools whose argument validation lives elsewhere: append Case(...) entries
 # (ids "plan/..." / "bench-runner/..."); a runner with its own main passes entry=.
-PLAN_CASES: list[Case] = []
+def _plan_files(ws: Workspace) -> dict[str, Path]:
+    return {"bad": ws.write("bad.json", "{not json"),
+            "partial": ws.write("partial.json", '{"name": "x"}'),
+            "file": ws.write("a-file", "i am a file"),
+            "nosuch": ws.tmp / "nosuch.json",
+            "png": ws.tmp / "out" / "plan.png"}
+
+
+def _plan(what: str, args: tuple[str, ...], code: int, words: tuple[str, ...],
+          absent: tuple[str, ...] = ()) -> Case:
+    return Case(f"plan/{what}", ("plan", *args), code, words, _plan_files, absent=absent)
+
+
+PLAN_CASES: list[Case] = [
+    _plan("tau-k-zero-not-replaced", ("--tau", "2.5", "--tau-k", "0"), 2,
+          ("--tau-k must be within 1..15", "'0'")),
+    _plan("tau-nan", ("--tau", "nan"), 2, ("--tau must be finite", "'nan'")),
+    _plan("tau-inf", ("--tau", "inf"), 2, ("--tau must be finite",)),
+    _plan("tau-below-one", ("--tau", "-1"), 2, ("--tau must be >= 1",)),
+    _plan("batch-zero", ("--batch", "0"), 2, ("--batch must be within 1..4096",)),
+    _plan("batch-not-integer", ("--batch", "abc"), 2, ("--batch must be an integer", "'abc'")),
+    _plan("context-negative", ("--context", "-5"), 2, ("--context must be within 0..",)),
+    _plan("routing-skew-inf", ("--routing-skew", "inf"), 2, ("--routing-skew must be finite",)),
+    _plan("k-max-zero", ("--k-max", "0"), 2, ("--k-max must be within 1..7",)),
+    _plan("acceptance-increasing", ("--acceptance", "0.5,0.7"), 2,
+          ("per-position rates must not increase",)),
+    _plan("acceptance-above-one", ("--acceptance", "1.5"), 2, ("within [0, 1]", "'1.5'")),
+    _plan("tau-and-acceptance", ("--tau", "2.5", "--acceptance", "0.5"), 2,
+          ("not allowed with argument --tau",)),
+    _plan("out-suffix-unknown", ("--out", "{file}.txt"), 2,
+          ("the suffix must be one of .png, .svg, .pdf",)),
+    _plan("out-under-a-file", ("--out", "{file}/x.png"), 2, ("is a file, not a directory",)),
+    _plan("json-under-a-file", ("--json", "{file}/x.json"), 2, ("is a file, not a directory",)),
+    _plan("hardware-not-json", ("--hardware", "{bad}", "--out", "{png}"), 2,
+          ("bad.json: not valid JSON", "line 1"), absent=("png",)),
+    _plan("hardware-missing-field", ("--hardware", "{partial}"), 2,
+          ("partial.json: field 'tp' is missing",)),
+    _plan("hardware-unknown-name", ("--hardware", "nosuch"), 2,
+          ("unknown hardware profile 'nosuch'", "valid: rtx-pro-6000-pcie-x8")),
+    _plan("draft-unknown-name", ("--draft", "nosuch"), 2,
+          ("unknown draft profile 'nosuch'", "lightseek-eagle3")),
+    _plan("model-not-json", ("--model", "{bad}"), 2, ("bad.json: not valid JSON",)),
+    _plan("latency-missing-backends", ("--latency", "{partial}"), 2,
+          ("partial.json: field 'backends'",)),
+    _plan("acceptance-from-missing-file", ("--acceptance-from", "{nosuch}"), 2,
+          ("nosuch.json: cannot read",)),
+    _plan("acceptance-from-not-json", ("--acceptance-from", "{bad}"), 2,
+          ("bad.json: not valid JSON",)),
+    _plan("backend-not-costed", ("--backend", "bogus"), 2,
+          ("--backend 'bogus': not costed", "valid: nccl")),
+]
 BENCH_RUNNER_CASES: list[Case] = []
 
 CASES_BY_TOOL: dict[str, list[Case]] = {
