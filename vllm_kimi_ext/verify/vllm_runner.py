@@ -134,6 +134,12 @@ GATE_ATTRIBUTES: tuple[GateAttribute, ...] = tuple(GateAttribute(o, n, c) for o,
     ("draft_logits", "row_mapping", _DRAFT),
 ))
 _DECLARED = {(a.owner, a.name) for a in GATE_ATTRIBUTES}
+#: ``InputBatch`` fields :func:`sharded_sample` reads once the gate let a step through
+#: (checked by the same canary).
+SHARDED_PATH_INPUT_BATCH_FIELDS = (
+    "input_ids", "positions", "logits_indices", "expanded_idx_mapping",
+    "expanded_local_pos", "cu_num_logits", "idx_mapping", "seq_lens",
+)
 
 #: Types the gate accepts, by ``module.qualname`` (exact type, not subclasses): any
 #: other object in these places makes the step ineligible with the named reason.
