@@ -26,17 +26,12 @@ V, K = 300, 3
 
 @pytest.fixture
 def torch_helpers(monkeypatch):
-    import vllm.v1.worker.gpu.input_batch as ib
-    import vllm.v1.worker.gpu.spec_decode.rejection_sampler as rs
+    import importlib
 
-    def gather_draft_sampled(input_ids, positions, logits_indices, *_):
-        return input_ids[logits_indices], positions[logits_indices]
+    from vllm_kimi_ext.testing.runner_stand_ins import TORCH_HELPERS
 
-    def get_num_sampled_and_rejected(num_sampled, seq_lens, cu, idx_mapping, prefill_len):
-        return num_sampled, (cu[1:] - cu[:-1]).to(num_sampled.dtype) - num_sampled
-
-    monkeypatch.setattr(rs, "gather_draft_sampled", gather_draft_sampled)
-    monkeypatch.setattr(ib, "get_num_sampled_and_rejected", get_num_sampled_and_rejected)
+    for (module, name), fn in TORCH_HELPERS.items():
+        monkeypatch.setattr(importlib.import_module(module), name, fn)
 
 
 def _case(temps, top_p, probabilistic, seed=0):

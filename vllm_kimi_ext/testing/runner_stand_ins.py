@@ -103,3 +103,40 @@ def owner_of(runner: Any, batch: Any, owner: str) -> Any:
         "speculator": runner.speculator,
         "draft_logits": runner.speculator.draft_logits,
     }[owner]
+
+
+def vllm_layout_batch(drafts: torch.Tensor, first_position: int = 100) -> SimpleNamespace:
+    """An ``InputBatch`` stand-in for ``drafts [num_reqs, k]`` in vLLM's layout: request
+    ``i`` (slot ``i``) owns logits rows ``i*(k+1) .. i*(k+1)+k``; the input token of
+    each row is the previous token (the draft verified at row ``j`` is row ``j+1``'s)."""
+    n, k = drafts.shape
+    rows = n * (k + 1)
+    input_ids = torch.full((rows,), 7, dtype=torch.int64)  # 7: the last accepted token
+    for r in range(n):
+        input_ids[r * (k + 1) + 1:(r + 1) * (k + 1)] = drafts[r]
+    slots = torch.arange(n)
+    return stand_in(
+        f"{_GPU}.input_batch.InputBatch", num_draft_tokens=n * k,
+        idx_mapping_np=slots.numpy(), idx_mapping=slots, input_ids=input_ids,
+        positions=torch.arange(rows) + first_position, logits_indices=torch.arange(rows),
+        expanded_idx_mapping=torch.repeat_interleave(slots, k + 1),
+        expanded_local_pos=torch.arange(k + 1).repeat(n),
+        cu_num_logits=torch.arange(n + 1, dtype=torch.int32) * (k + 1), seq_lens=None)
+
+
+def gather_draft_sampled(input_ids, positions, logits_indices, *_):
+    """Torch equivalent of vLLM's Triton ``gather_draft_sampled`` (no prefill placeholders)."""
+    return input_ids[logits_indices], positions[logits_indices]
+
+
+def get_num_sampled_and_rejected(num_sampled, seq_lens, cu_num_logits, idx_mapping, prefill_len):
+    """Torch equivalent of vLLM's Triton helper for decode-only steps."""
+    rows = (cu_num_logits[1:] - cu_num_logits[:-1]).to(num_sampled.dtype)
+    return num_sampled, rows - num_sampled
+
+
+#: (module, attribute) -> torch replacement, for running the runner path on CPU.
+TORCH_HELPERS = {
+    (f"{_GPU}.spec_decode.rejection_sampler", "gather_draft_sampled"): gather_draft_sampled,
+    (f"{_GPU}.input_batch", "get_num_sampled_and_rejected"): get_num_sampled_and_rejected,
+}
