@@ -52,3 +52,20 @@ def test_top_p_step_sharded_equals_reference(tp2_target_results):
         assert nbytes == sum(4 * rows * width for _, rows, width in p["sent"])
     assert tp2_target_results[0]["verify"]["top_p"]["sharded_tokens"] == \
         tp2_target_results[1]["verify"]["top_p"]["sharded_tokens"]
+
+
+def test_runner_path_verifies_kimi_top_p_sharded(tp2_target_results):
+    """The same step through ``vllm_runner.sample_step`` (the ``GPUModelRunner.sample``
+    patch body) at T 1.0 / 0.6 with top_p 0.95: sharded (no fallback counted), equal to
+    the full-logits reference, every all-gather in the plan."""
+    for rank, res in enumerate(tp2_target_results):
+        r = res["verify"]["runner"]
+        assert r["tokens"] == r["reference_tokens"], f"rank {rank}"
+        assert r["new_fallbacks"] == {}
+        names = [name for name, _, _ in r["sent"]]
+        assert names[0] == "threshold" and names[-1] == "stats"
+        calls, nbytes = r["counted"][("tp", "verify", "all_gather")]
+        assert calls == len(r["sent"])
+        assert nbytes == sum(4 * rows * width for _, rows, width in r["sent"])
+    assert tp2_target_results[0]["verify"]["runner"]["tokens"] == \
+        tp2_target_results[1]["verify"]["runner"]["tokens"]

@@ -150,20 +150,15 @@ def test_sharded_verify_patch_hands_vllms_sample_to_sample_step(monkeypatch):
 
 
 def _runner(params, *, tp_vocab=1000):
-    sampler = SimpleNamespace(
-        get_logprobs_dims=lambda idx: None, return_sampling_mask=False, compute_nans=False,
-        trace_replay_state=None, logits_processors=[object()] * 3)
-    for i, p in enumerate(params):
-        from vllm_kimi_ext.verify import vllm_runner
+    from vllm_kimi_ext.testing.runner_stand_ins import stand_in_runner
 
-        vllm_runner.remember_sampling_params(sampler, i, p)
-    return SimpleNamespace(
-        rejection_sampler=SimpleNamespace(use_block_verification=False, fly_window_size=0,
-                                          synthetic_conditional_rates=None,
-                                          watermark_key=None),
-        batch_sharder=None, model=SimpleNamespace(compute_logits_local=lambda h: h),
-        speculator=SimpleNamespace(draft_logits=None), sampler=sampler,
-        model_config=SimpleNamespace(get_vocab_size=lambda: tp_vocab))
+    return stand_in_runner(params, vocab=tp_vocab)
+
+
+def _batch(num_reqs, num_draft_tokens=3):
+    from vllm_kimi_ext.testing.runner_stand_ins import stand_in_batch
+
+    return stand_in_batch(num_reqs, num_draft_tokens)
 
 
 @pytest.fixture
@@ -174,27 +169,71 @@ def tp8(monkeypatch):
     monkeypatch.setattr(dist, "get_tensor_model_parallel_rank", lambda: 0)
 
 
-def test_sample_step_runs_stock_sample_and_counts_an_ineligible_step(tp8, monkeypatch):
+@pytest.fixture
+def stock_sample(monkeypatch):
+    """vLLM's ``GPUModelRunner.sample`` replaced by a recorder: the patch body (not
+    applied) reaches it through ``GPUModelRunnerShardedVerify.original("sample")``."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    calls = []
+    monkeypatch.setattr(GPUModelRunner, "sample",
+                        lambda *a: calls.append(a) or "stock", raising=True)
+    return calls
+
+
+def _patched_sample(runner, batch, grammar=None):
+    from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerShardedVerify as P
+
+    return P.__dict__["sample"](runner, "h", batch, grammar)
+
+
+@pytest.mark.parametrize("params,extra,reason", [
+    ([{"temperature": 1.0, "top_p": 0.95, "logprobs": 5}], None, "logprobs"),
+    ([{"temperature": 1.0, "top_p": 0.95, "presence_penalty": 0.5}], None, "penalties"),
+    ([{"temperature": 0.6, "top_p": 0.95}], "fourth_processor", "logits_processors"),
+    ([{"temperature": 1.0, "top_p": 0.95}], "missing_attribute", "unknown_vllm_state"),
+])
+def test_patched_sample_runs_stock_and_counts_a_top_p_fallback(tp8, stock_sample, monkeypatch,
+                                                               params, extra, reason):
+    """A top-p step that must fall back: vLLM's sample runs with the runner's own
+    arguments, the sharded path does not, and the reason is counted once."""
+    from vllm_kimi_ext.testing.runner_stand_ins import stand_in
     from vllm_kimi_ext.verify import vllm_runner
 
     monkeypatch.setattr(vllm_runner, "sharded_sample", _raise)
-    before = vllm_runner.FALLBACKS.as_dict().get("top_p", 0)
-    runner = _runner([{"temperature": 1.0, "top_p": 0.9}])
-    batch = SimpleNamespace(num_draft_tokens=2, idx_mapping_np=np.arange(1))
-    stock = []
-    out = vllm_runner.sample_step(runner, lambda *a: stock.append(a) or "stock", "h", batch,
-                                  None)
-    assert out == "stock" and stock == [(runner, "h", batch, None)]
-    assert vllm_runner.FALLBACKS.as_dict()["top_p"] == before + 1
+    runner, batch = _runner(params), _batch(1)
+    if extra == "fourth_processor":
+        runner.sampler.logits_processors.append(stand_in("my_plugin.BanTokens"))
+    if extra == "missing_attribute":
+        del runner.sampler.trace_replay_state
+    before = vllm_runner.FALLBACKS.as_dict()
+    assert _patched_sample(runner, batch) == "stock"
+    assert stock_sample == [(runner, "h", batch, None)]
+    after = vllm_runner.FALLBACKS.as_dict()
+    assert after.get(reason, 0) == before.get(reason, 0) + 1
+    assert sum(after.values()) == sum(before.values()) + 1
+
+
+def test_patched_sample_verifies_a_kimi_top_p_step_sharded(tp8, stock_sample, monkeypatch):
+    """T=1.0 and T=0.6 with top_p 0.95 (Kimi's recommended settings): sharded, uncounted."""
+    from vllm_kimi_ext.verify import vllm_runner
+
+    seen = []
+    monkeypatch.setattr(vllm_runner, "sharded_sample",
+                        lambda r, h, b, make: seen.append(make(125).tp_size) or "sharded")
+    before = vllm_runner.FALLBACKS.as_dict()
+    runner = _runner([{"temperature": 1.0, "top_p": 0.95}, {"temperature": 0.6, "top_p": 0.95}])
+    assert _patched_sample(runner, _batch(2)) == "sharded"
+    assert seen == [8] and stock_sample == []
+    assert vllm_runner.FALLBACKS.as_dict() == before
 
 
 def test_sample_step_does_not_count_a_step_without_drafts(tp8, monkeypatch):
     from vllm_kimi_ext.verify import vllm_runner
 
     before = vllm_runner.FALLBACKS.as_dict()
-    batch = SimpleNamespace(num_draft_tokens=0, idx_mapping_np=np.arange(1))
     out = vllm_runner.sample_step(_runner([{"temperature": 0.0}]), lambda *a: "stock", "h",
-                                  batch, None)
+                                  _batch(1, 0), None)
     assert out == "stock" and vllm_runner.FALLBACKS.as_dict() == before
 
 
@@ -210,9 +249,8 @@ def test_sample_step_verifies_an_eligible_step_over_shards(tp8, monkeypatch):
         return "sharded"
 
     monkeypatch.setattr(vllm_runner, "sharded_sample", fake_sharded_sample)
-    batch = SimpleNamespace(num_draft_tokens=3, idx_mapping_np=np.arange(2))
     runner = _runner([{"temperature": 0.0}, {"temperature": 0.8, "top_k": 20}])
-    out = vllm_runner.sample_step(runner, _raise, "h", batch, None)
+    out = vllm_runner.sample_step(runner, _raise, "h", _batch(2), None)
     assert out == "sharded"
     assert made[0] is made[1] and made[0].shard_width == 125 and made[0].tp_size == 8
 

@@ -6,6 +6,7 @@ by module path. Each returns plain data so results pickle back to the parent.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 
@@ -206,7 +207,9 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     with CollectiveCounter() as cc_p, cc_p.phase("verify"):
         out_p = verifier.verify(local, top_p_batch)
     ref_p = ReferenceVerifier(vocab).verify(full, top_p_batch)
+    runner_path = _runner_path_step(model, cfg, hidden, full, drafts)
     return {
+        "runner": runner_path,
         "plan_collectives": plan.num_collectives,
         "counted": cc.summary(),
         "rows": rows,
@@ -225,4 +228,58 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
             "reference_tokens": ref_p.tokens(),
             "escalations": dict(verifier.escalations),
         },
+    }
+
+
+def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
+    """The same step through the runner integration (``vllm_runner.sample_step``, the
+    body of the ``GPUModelRunner.sample`` patch) with Kimi's sampling (T 1.0 / 0.6,
+    top_p 0.95) on stand-ins of vLLM's runner objects, the real model's
+    ``compute_logits_local`` and vLLM's real TP group; vLLM's two Triton helpers
+    replaced by their torch equivalents."""
+    import importlib
+    from unittest import mock
+
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    from vllm_kimi_ext.comm import CollectiveCounter
+    from vllm_kimi_ext.testing.runner_stand_ins import (
+        TORCH_HELPERS,
+        stand_in_runner,
+        vllm_layout_batch,
+    )
+    from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, vllm_runner
+
+    vocab = cfg.model_config.get_vocab_size()
+    temps = [1.0, 0.6, 1.0]
+    params = [{"temperature": t, "top_p": 0.95} for t in temps]
+    runner = stand_in_runner(params, vocab=vocab, num_steps=drafts.shape[1])
+    runner.model = model
+    batch = vllm_layout_batch(drafts)
+    before = vllm_runner.FALLBACKS.as_dict()
+
+    def stock(*_a):
+        raise AssertionError("an eligible step ran the stock sample")
+
+    with contextlib.ExitStack() as stack:
+        for (module, name), fn in TORCH_HELPERS.items():
+            stack.enter_context(mock.patch.object(importlib.import_module(module), name, fn))
+        stack.enter_context(set_current_vllm_config(cfg))
+        stack.enter_context(torch.no_grad())
+        cc = stack.enter_context(CollectiveCounter())
+        out, num_sampled, _ = vllm_runner.sample_step(runner, stock, hidden, batch, None)
+    verifier = next(iter(runner.__dict__[vllm_runner._VERIFIERS_ATTR].values()))
+    states = runner.sampler.sampling_states
+    ref = ReferenceVerifier(vocab).verify(full, VerifyBatch.from_draft_tokens(
+        drafts, temps, states.seeds.gpu, positions=batch.positions, top_p=[0.95] * 3))
+    return {
+        "tokens": [r[:n] for r, n in zip(out.sampled_token_ids.tolist(),
+                                         num_sampled.tolist())],
+        "reference_tokens": ref.tokens(),
+        "counted": cc.summary(),
+        "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.collectives],
+        "new_fallbacks": {k: v - before.get(k, 0)
+                          for k, v in vllm_runner.FALLBACKS.as_dict().items()
+                          if v != before.get(k, 0)},
     }

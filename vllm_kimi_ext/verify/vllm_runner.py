@@ -13,21 +13,33 @@ into this module:
   path for eligible verification steps: ``compute_logits_local`` (patch 0002)
   instead of the logits all-gather,
   :class:`~vllm_kimi_ext.verify.sharded.VocabShardedVerifier` over vLLM's TP group
-  (one all-gather of 16 bytes per row per rank for greedy and one-hot drafts),
-  then vLLM's own ``get_num_sampled_and_rejected`` and ``SamplerOutput``.
-  Everything else — no drafts in the step, TP=1, batch-sharded sampling — runs the
+  (one all-gather of 16 bytes per row per rank for greedy and one-hot drafts; a
+  threshold round first with top-k/min-p/top-p; a residual round after with
+  probabilistic drafts), then vLLM's own ``get_num_sampled_and_rejected`` and
+  ``SamplerOutput``. Everything else — no drafts in the step, TP=1 — runs the
   stock method unchanged; ineligible verification steps run it too and are
   counted per reason (:data:`FALLBACKS`, debug-logged, summarised every 1000).
 
-The eligibility logic (:func:`ineligibility`) is plain Python over the runner's
-attributes and is unit-tested on CPU with stand-in objects; the GPU path itself
-calls vLLM Triton helpers and has not been exercised end to end on a multi-GPU
-server yet (see the README's feature table).
+The gate (:func:`ineligibility`) fails closed: it reads exactly the vLLM attributes
+listed in :data:`GATE_ATTRIBUTES` (a missing one → ``unknown_vllm_state``) and
+accepts only the object types in :data:`GATE_TYPES` (an unknown logits processor →
+``logits_processors``); a canary test checks both lists against vLLM 0.34.0. Refused
+by name: ``block_verification`` (vLLM's block method decides on joint prefix ratios
+the sharded verifier does not compute), ``lossy_rejection_method`` (synthetic
+acceptance rates, FLy deferred rejection: not lossless by design),
+``adaptive_verification``, ``watermarking``, batch-sharded sampling and a draft
+vocabulary smaller than the target's.
+
+The gate is plain Python over the runner's attributes and is unit-tested on CPU with
+stand-in objects; the data flow is tested on CPU with vLLM's batch layout; the GPU
+path has not been exercised end to end on a multi-GPU server yet (see the README's
+feature table).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_kimi_ext.verify.plan import Fallback, FallbackCounter, plan_verification
@@ -57,49 +69,215 @@ def request_params(sampler: Any, idx_mapping_np) -> list[Any] | None:
     return out
 
 
+class UnknownVllmState(Exception):
+    """A vLLM attribute the gate reads is missing (an upstream rename or removal)."""
+
+    def __init__(self, owner: str, name: str):
+        super().__init__(f"{owner}.{name}")
+        self.owner, self.name = owner, name
+
+
+@dataclass(frozen=True)
+class GateAttribute:
+    """One vLLM attribute :func:`ineligibility` reads: ``owner`` is the object it is
+    read from (as the gate names it), ``vllm_class`` the 0.34.0 class that defines it."""
+
+    owner: str
+    name: str
+    vllm_class: str
+
+
+_GPU = "vllm.v1.worker.gpu"
+_RUNNER = f"{_GPU}.model_runner.GPUModelRunner"
+_BATCH = f"{_GPU}.input_batch.InputBatch"
+_RS = f"{_GPU}.spec_decode.rejection_sampler.RejectionSampler"
+_SAMPLER = f"{_GPU}.sample.sampler.Sampler"
+_STATES = f"{_GPU}.sample.states.SamplingStates"
+_SPEC = f"{_GPU}.spec_decode.speculator.BaseSpeculator"
+_DRAFT = f"{_GPU}.spec_decode.draft_logits.DraftLogitsCache"
+_REQ = f"{_GPU}.states.RequestState"
+
+#: Every vLLM attribute the gate reads, and so every attribute the sharded path
+#: (:func:`sharded_sample`) then relies on. Read without a default: a missing one
+#: makes the step ineligible (``unknown_vllm_state``, counted, logged once per
+#: attribute). ``tests/canary/test_sharded_verify_gate.py`` checks each exists on
+#: vLLM 0.34.0's real class.
+GATE_ATTRIBUTES: tuple[GateAttribute, ...] = tuple(GateAttribute(o, n, c) for o, n, c in (
+    ("input_batch", "num_draft_tokens", _BATCH),
+    ("input_batch", "idx_mapping_np", _BATCH),
+    ("runner", "rejection_sampler", _RUNNER),
+    ("runner", "batch_sharder", _RUNNER),
+    ("runner", "model", _RUNNER),
+    ("runner", "sampler", _RUNNER),
+    ("runner", "speculator", _RUNNER),
+    ("rejection_sampler", "use_block_verification", _RS),
+    ("rejection_sampler", "synthetic_conditional_rates", _RS),
+    ("rejection_sampler", "fly_window_size", _RS),
+    ("rejection_sampler", "enable_adaptive_verification", _RS),
+    ("rejection_sampler", "watermark_key", _RS),
+    ("rejection_sampler", "num_speculative_steps", _RS),
+    ("sampler", "get_logprobs_dims", _SAMPLER),
+    ("sampler", "return_sampling_mask", _SAMPLER),
+    ("sampler", "compute_nans", _SAMPLER),
+    ("sampler", "trace_replay_state", _SAMPLER),
+    ("sampler", "logits_processors", _SAMPLER),
+    ("sampler", "sampling_states", _SAMPLER),
+    ("sampler", "req_states", _SAMPLER),
+    ("sampling_states", "temperature", _STATES),
+    ("sampling_states", "seeds", _STATES),
+    ("sampling_states", "top_k", _STATES),
+    ("sampling_states", "top_p", _STATES),
+    ("sampling_states", "min_p", _STATES),
+    ("req_states", "prefill_len", _REQ),
+    ("speculator", "draft_logits", _SPEC),
+    ("draft_logits", "values", _DRAFT),
+    ("draft_logits", "row_mapping", _DRAFT),
+))
+_DECLARED = {(a.owner, a.name) for a in GATE_ATTRIBUTES}
+#: ``InputBatch`` fields :func:`sharded_sample` reads once the gate let a step through
+#: (checked by the same canary).
+SHARDED_PATH_INPUT_BATCH_FIELDS = (
+    "input_ids", "positions", "logits_indices", "expanded_idx_mapping",
+    "expanded_local_pos", "cu_num_logits", "idx_mapping", "seq_lens",
+)
+
+#: Types the gate accepts, by ``module.qualname`` (exact type, not subclasses): any
+#: other object in these places makes the step ineligible with the named reason.
+SAMPLER_TYPES = (_SAMPLER,)  # GPUWatermarkSampler and model-state samplers: not these
+REJECTION_SAMPLER_TYPES = (_RS,)
+DRAFT_LOGITS_TYPES = (_DRAFT,)
+#: vLLM 0.34.0's built-in logits processors (``Sampler.__init__``). Each acts only on
+#: requests whose own parameters ask for it (logit bias / allowed ids / min tokens,
+#: penalties, bad words), and :func:`~.plan.plan_verification` refuses those requests;
+#: any other processor type (``--logits-processors``, plugins) makes the step fall
+#: back with reason ``logits_processors``.
+SAFE_LOGITS_PROCESSOR_TYPES = (
+    f"{_GPU}.sample.logit_bias.LogitBiasState",
+    f"{_GPU}.sample.penalties.PenaltiesState",
+    f"{_GPU}.sample.bad_words.BadWordsState",
+)
+GATE_TYPES: dict[str, tuple[str, ...]] = {
+    "sampler": SAMPLER_TYPES,
+    "rejection_sampler": REJECTION_SAMPLER_TYPES,
+    "draft_logits": DRAFT_LOGITS_TYPES,
+    "logits_processors": SAFE_LOGITS_PROCESSOR_TYPES,
+}
+_logged_unknown: set[tuple[str, str]] = set()
+
+
+def type_name(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _read(obj: Any, owner: str, name: str) -> Any:
+    if (owner, name) not in _DECLARED:
+        raise KeyError(f"the gate reads {owner}.{name}, which GATE_ATTRIBUTES does not name")
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise UnknownVllmState(owner, name) from None
+
+
 def ineligibility(runner: Any, input_batch: Any, grammar_output: Any,
                   tp_size: int, vocab_size: int) -> str | None:
     """Why this step cannot be verified over vocab shards; None if it can.
 
     ``"not_verification"`` and ``"tp1"`` mean the stock path is simply the right
-    one (not a fallback); any other value is a counted fallback reason.
+    one (not a fallback); any other value is a counted fallback reason. Fails
+    closed: a vLLM attribute in :data:`GATE_ATTRIBUTES` that is missing gives
+    ``"unknown_vllm_state"`` (logged once per attribute).
     """
     if tp_size <= 1:
         return "tp1"
-    if getattr(input_batch, "num_draft_tokens", 0) == 0 or runner.rejection_sampler is None:
+    try:
+        return _ineligibility(runner, input_batch, grammar_output, tp_size, vocab_size)
+    except UnknownVllmState as e:
+        key = (e.owner, e.name)
+        if key not in _logged_unknown:
+            _logged_unknown.add(key)
+            logger.warning("vllm-kimi-ext sharded verification: vLLM has no %s.%s; every "
+                           "such step falls back to the full logits gather "
+                           "(reason unknown_vllm_state)", e.owner, e.name)
+        return "unknown_vllm_state"
+
+
+def _ineligibility(runner, input_batch, grammar_output, tp_size, vocab_size):
+    rs = _read(runner, "runner", "rejection_sampler")
+    if _read(input_batch, "input_batch", "num_draft_tokens") == 0 or rs is None:
         return "not_verification"
-    if getattr(runner, "batch_sharder", None) is not None:
+    if _read(runner, "runner", "batch_sharder") is not None:
         return "batch_sharded_sampling"
-    if not hasattr(runner.model, "compute_logits_local"):
+    if not hasattr(_read(runner, "runner", "model"), "compute_logits_local"):
         return "no_compute_logits_local"
     if grammar_output is not None:
         return "structured_output"
-    rs = runner.rejection_sampler
-    if getattr(rs, "use_block_verification", False) or getattr(rs, "fly_window_size", 0) \
-            or getattr(rs, "synthetic_conditional_rates", None) is not None:
-        return "rejection_method"
-    if getattr(rs, "watermark_key", None) is not None:
+    if type_name(rs) not in REJECTION_SAMPLER_TYPES:
+        return "rejection_sampler_type"
+    if _read(rs, "rejection_sampler", "use_block_verification"):
+        return "block_verification"
+    if _read(rs, "rejection_sampler", "synthetic_conditional_rates") is not None \
+            or _read(rs, "rejection_sampler", "fly_window_size"):
+        return "lossy_rejection_method"
+    if _read(rs, "rejection_sampler", "enable_adaptive_verification"):
+        return "adaptive_verification"
+    if _read(rs, "rejection_sampler", "watermark_key") is not None:
         return "watermarking"
-    if getattr(getattr(runner, "speculator", None), "draft_logits", None) is not None:
-        return "probabilistic_draft"
-    sampler = runner.sampler
-    if sampler.get_logprobs_dims(input_batch.idx_mapping_np) is not None:
+    _read(rs, "rejection_sampler", "num_speculative_steps")
+    sampler = _read(runner, "runner", "sampler")
+    if type_name(sampler) not in SAMPLER_TYPES:
+        return "sampler_type"
+    reason = _draft_logits_ineligibility(_read(runner, "runner", "speculator"), vocab_size)
+    if reason is not None:
+        return reason
+    idx_np = _read(input_batch, "input_batch", "idx_mapping_np")
+    if _read(sampler, "sampler", "get_logprobs_dims")(idx_np) is not None:
         return "logprobs"
-    if getattr(sampler, "return_sampling_mask", False):
+    if _read(sampler, "sampler", "return_sampling_mask"):
         return "sampling_mask"
-    if getattr(sampler, "compute_nans", False):
+    if _read(sampler, "sampler", "compute_nans"):
         return "nan_metrics"
-    if getattr(sampler, "trace_replay_state", None) is not None:
+    if _read(sampler, "sampler", "trace_replay_state") is not None:
         return "trace_replay"
-    params = request_params(sampler, input_batch.idx_mapping_np)
+    states = _read(sampler, "sampler", "sampling_states")
+    for name in ("temperature", "seeds", "top_k", "top_p", "min_p"):
+        _read(states, "sampling_states", name)
+    _read(_read(sampler, "sampler", "req_states"), "req_states", "prefill_len")
+    params = request_params(sampler, idx_np)
     if params is None:
         return "unknown_sampling_params"
-    custom = len(getattr(sampler, "logits_processors", ())) > 3  # beyond bias/penalties/bad
+    custom = any(type_name(p) not in SAFE_LOGITS_PROCESSOR_TYPES
+                 for p in _read(sampler, "sampler", "logits_processors"))
     plan = plan_verification(params, tp_size=tp_size, vocab_size=vocab_size,
-                             custom_logits_processors=custom)
+                             custom_logits_processors=custom, top_p_sharded=True,
+                             probabilistic_draft=probabilistic_draft(runner))
     if isinstance(plan, Fallback):
         return plan.reason
     return None
+
+
+def _draft_logits_ineligibility(speculator: Any, vocab_size: int) -> str | None:
+    """Probabilistic drafts: vLLM's cache must be the replicated ``[reqs, steps, V']``
+    kind, ``V' >= V`` (vLLM verifies over ``min(V, V')`` columns; a smaller draft
+    vocabulary would also cut the target's)."""
+    cache = _read(speculator, "speculator", "draft_logits")
+    if cache is None:
+        return None
+    if type_name(cache) not in DRAFT_LOGITS_TYPES:
+        return "draft_logits_type"
+    if _read(cache, "draft_logits", "row_mapping") is not None:
+        return "sharded_draft_logits"
+    values = _read(cache, "draft_logits", "values")
+    if values.dim() != 3:
+        return "draft_logits_type"
+    if values.shape[-1] < vocab_size:
+        return "draft_vocab_smaller"
+    return None
+
+
+def probabilistic_draft(runner: Any) -> bool:
+    """vLLM verifies against cached draft logits (``draft_sample_method="probabilistic"``)."""
+    return runner.speculator.draft_logits is not None
 
 
 def _bonus_layout_drafts(draft_sampled, cu_num_logits):
@@ -117,8 +295,39 @@ def _bonus_layout_drafts(draft_sampled, cu_num_logits):
     return nxt[:n].long()
 
 
+def draft_probs_shard(values, expanded_idx_mapping, expanded_local_pos, temperature_rows,
+                      vocab_size: int, col_offset: int, shard_width: int):
+    """This rank's columns of the draft distribution ``q`` per logits row, as vLLM's
+    rejection sampler defines it: ``softmax(draft_logits[req, step, :V] / T)`` with the
+    pre-temperature cache row of the request state and draft step of each row
+    (``rejection_sample`` divides the cached logits by the request temperature and
+    normalises over ``min(V, V')`` columns; no top-k/top-p/min-p on ``q``).
+
+    Every rank holds the replicated cache, so the full normaliser is local (no
+    collective). Bonus rows (no draft) get the last step's row (never used); greedy
+    rows use T = 1 (their ``q`` is never used either). Columns past ``V`` are 0.
+    """
+    import torch
+
+    steps = values.shape[1]
+    step = expanded_local_pos.long().clamp(max=steps - 1)
+    z = values[expanded_idx_mapping.long(), step, :vocab_size].float()
+    t = torch.where(temperature_rows > 0, temperature_rows, torch.ones_like(temperature_rows))
+    q = torch.softmax(z / t[:, None], dim=-1)
+    out = q.new_zeros(q.shape[0], shard_width)
+    hi = min(col_offset + shard_width, vocab_size)
+    if hi > col_offset:
+        out[:, :hi - col_offset] = q[:, col_offset:hi]
+    return out
+
+
 def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verifier: Any):
-    """The sharded verification step; returns what ``GPUModelRunner.sample`` returns."""
+    """The sharded verification step; returns what ``GPUModelRunner.sample`` returns.
+
+    Per-request temperature, seed, top-k, top-p and min-p come from vLLM's
+    ``SamplingStates`` (the tensors vLLM's own rejection sampler reads); with
+    probabilistic drafts each rank slices ``q`` from vLLM's replicated draft-logits
+    cache (:func:`draft_probs_shard`)."""
     import torch
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
@@ -142,10 +351,19 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
         top_k=states.top_k.gpu[idx].long(),
         min_p=states.min_p.gpu[idx].float(),
         positions=pos.long(),
+        top_p=states.top_p.gpu[idx].float(),
     )
+    cache = runner.speculator.draft_logits
     with phase("verify"):
         local = runner.model.compute_logits_local(hidden_states[input_batch.logits_indices])
-        out = make_verifier(local.shape[-1]).verify(local, batch)
+        verifier = make_verifier(local.shape[-1])
+        q = None
+        if cache is not None:
+            q = draft_probs_shard(
+                cache.values, input_batch.expanded_idx_mapping, input_batch.expanded_local_pos,
+                states.temperature.gpu[input_batch.expanded_idx_mapping].float(),
+                verifier.vocab_size, verifier.col_offset, verifier.shard_width)
+        out = verifier.verify(local, batch, q)
     width = runner.rejection_sampler.num_speculative_steps + 1
     sampled = out.sampled
     if sampled.shape[1] < width:
