@@ -33,6 +33,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+from bench.harness.generated_docs import GENERATORS as DOC_GENERATORS  # stdlib only
 from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
 
 nox.options.sessions = ["lint", "test"]
@@ -229,9 +230,18 @@ def bench(session: nox.Session) -> None:
                 env=env)
 
 
-from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
+@nox.session(default=False)
+def docs(session: nox.Session) -> None:
+    """Regenerate every generated document (bench/harness/generated_docs.py lists them);
+    ``-- --check`` changes nothing and fails when one is stale."""
+    _require_env(session)
+    check = "--check" in session.posargs
+    for gen in DOC_GENERATORS:
+        session.run(_py(), *gen.command(ROOT, check=check), external=True,
+                    env={"PYTHONPATH": str(ROOT)})
 
 
+@nox.session
 def lint(session: nox.Session) -> None:
     """Static checks: ruff; every git and runtime patch has its note and index row;
     the runtime-patch layout; README's environment-variable table."""
