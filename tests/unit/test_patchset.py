@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext import compat, patchset
+from vllm_kimi_ext import compat, envs, patchset
 from vllm_kimi_ext.patchset import PatchSetError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -333,7 +333,7 @@ def test_interrupted_reapply_leaves_no_record_and_compat_refuses(fake_vllm, tmp_
     """A re-apply killed (SIGKILL: no cleanup runs) between two `git am` steps,
     or while the tree is being reset to the baseline, leaves no series record:
     the plugin's pin check then refuses the tree for either package version."""
-    monkeypatch.delenv(compat.ALLOW_MISMATCH_ENV, raising=False)
+    monkeypatch.delenv(envs.ALLOW_MISMATCH.name, raising=False)
     v1, v2 = _series_v1_v2(fake_vllm, tmp_path)
     expected_v2 = _expected(fake_vllm, v2, tmp_path)
     expected_v1 = _expected(fake_vllm, v1, tmp_path)  # tree now holds v1, recorded
@@ -364,7 +364,7 @@ def test_failing_patch_on_reapply_removes_the_ignored_record(fake_vllm, tmp_path
 def test_record_that_disagrees_with_the_files_is_refused(fake_vllm, tmp_path, monkeypatch):
     """Files rolled back behind the tooling's back (the ignored record survives
     a `git checkout`): the record says applied, the files are stock."""
-    monkeypatch.delenv(compat.ALLOW_MISMATCH_ENV, raising=False)
+    monkeypatch.delenv(envs.ALLOW_MISMATCH.name, raising=False)
     v1, _ = _series_v1_v2(fake_vllm, tmp_path)
     expected = _expected(fake_vllm, v1, tmp_path)
     _git(fake_vllm, "checkout", "-q", "-f", patchset.BASELINE_TAG)
