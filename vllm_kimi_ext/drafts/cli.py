@@ -87,6 +87,9 @@ def _register_draft(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="draft_command", metavar="DRAFT_COMMAND")
     _register_shrink_vocab(sub)
     _register_tli_check(sub)
+    from vllm_kimi_ext.train.cli import register_draft_subcommands  # regenerate ... bill
+
+    register_draft_subcommands(sub)
 
 
 def _register_tli_check(subparsers: argparse._SubParsersAction) -> None:
