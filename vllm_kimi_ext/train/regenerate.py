@@ -148,6 +148,8 @@ def regenerate(
                 bar.update(1)
             else:
                 todo.append((ci, messages, h))
+        # similar lengths together: less padding in a batch, less waiting on stragglers
+        todo.sort(key=lambda item: sum(len(m["content"]) for m in item[1]))
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
             got = generator.answer([m for _, m, _ in chunk])

@@ -48,11 +48,12 @@ PROMPT_FILES = {
 
 @dataclasses.dataclass
 class Sizes:
-    generic: int = 32  # MT-Bench first turns
-    traffic_gsm8k: int = 32
-    traffic_humaneval: int = 24
-    heldout: int = 10  # per source
+    generic: int = 24  # MT-Bench first turns
+    traffic_gsm8k: int = 24
+    traffic_humaneval: int = 16
+    heldout: int = 8  # per source
     max_tokens: int = 64
+    max_prompt_chars: int = 600  # CPU budget: prompts up to ~150 tokens
     draft_vocab: int = 8192
     generic_epochs: float = 4.0
     traffic_epochs: float = 3.0
@@ -88,7 +89,7 @@ def write_prompt_sets(work: Path, sizes: Sizes, seed: int = 0) -> dict[str, list
     work.mkdir(parents=True, exist_ok=True)
     picked = {}
     for name in PROMPT_FILES:
-        prompts = _records(name)
+        prompts = [p for p in _records(name) if len(p) <= sizes.max_prompt_chars]
         random.Random(seed).shuffle(prompts)
         picked[name] = prompts
     h = sizes.heldout
