@@ -235,3 +235,21 @@ def test_identical_distributions_accept_everything():
     assert torch.allclose(alpha, torch.ones(6, 1, dtype=torch.float64))
     assert greedy.all()
     assert torch.allclose(ev.chain_tau(alpha), torch.full((6,), 2.0, dtype=torch.float64))
+
+
+def test_cli_refusals_are_one_line_exit_2(tmp_path, capsys):
+    from vllm_kimi_ext.cli import main
+
+    def refused(argv, needle):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+
+    refused(["draft", "train", "--data", str(tmp_path / "none"), "--target", str(tmp_path),
+             "--out", str(tmp_path / "o")], "samples.jsonl: no such file")
+    refused(["draft", "capture", "--data", str(tmp_path)], "exactly one of --vllm-target")
+    refused(["draft", "regenerate", "--prompts", str(tmp_path / "p.jsonl"), "--out",
+             str(tmp_path / "d"), "--server", "http://127.0.0.1:9/v1"], "p.jsonl: no such file")
+    layout.append_samples(tmp_path, [_sample(0)])
+    refused(["draft", "eval", "--data", str(tmp_path), "--target", str(tmp_path), "--draft",
+             str(tmp_path), "--split", "heldout"], "needs --holdout-every")

@@ -101,3 +101,38 @@ def test_miniature_trains_exports_passes_doctor_and_loads_in_vllm(
     assert torch.equal(params["model.fc.weight"].cpu(), written["fc.weight"])
     assert cfg.speculative_config.draft_model_config.hf_config \
         .eagle_aux_hidden_state_layer_ids == LAYER_IDS[:-1]
+
+
+def test_fine_tune_a_public_style_head_with_reduced_vocab(
+        tiny_target, captured, tiny_kimi_dir, tmp_path):
+    """--init with a head laid out as the public Kimi heads ship (``midlayer.*``, aux ids
+    under ``eagle_config``, a 512-token draft vocabulary with d2t/t2d): its weights are
+    the starting point, its vocabulary maps are kept, the result loads in vLLM."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, write_tiny_eagle3
+    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from vllm_kimi_ext.train.trainer import TrainConfig, train
+
+    _, target = tiny_target
+    public = tmp_path / "public"
+    write_tiny_eagle3(public, SPEC, TinyEagle3Spec(draft_vocab_size=512,
+                                                    aux_layer_ids=tuple(LAYER_IDS[:-1])))
+    before = load_file(public / "model.safetensors")
+    out = tmp_path / "mine"
+    result = train(captured, target, out, init=public, config=TrainConfig(
+        max_steps=2, lr=1e-3, max_len=128, seed=0), progress=False, log=lambda _m: None)
+    assert result.doctor["ok"], result.doctor
+    after = load_file(out / "model.safetensors")
+    assert torch.equal(after["d2t"], before["d2t"]) and torch.equal(after["t2d"], before["t2d"])
+    assert after["lm_head.weight"].shape == (512, SPEC.hidden_size)
+    # started from the head's weights: two small steps stay close to them
+    moved = (after["layers.0.mlp.down_proj.weight"].float()
+             - before["midlayer.mlp.down_proj.weight"].float()).abs().max()
+    assert 0 < float(moved) < 0.05
+    cfg = make_vllm_config(tiny_kimi_dir, speculative_config={
+        "method": "eagle3", "model": str(out), "num_speculative_tokens": 3})
+    model, report = load_model(cfg, cfg.speculative_config.draft_model_config)
+    assert report.unwritten == []
+    assert torch.equal(model.draft_id_to_target_id.cpu(), before["d2t"])

@@ -250,7 +250,7 @@ def run_train(args) -> int:
                       "first_loss": result.losses[0] if result.losses else None,
                       "last_loss": result.losses[-1] if result.losses else None,
                       "tokens_per_s": round(result.tokens_per_s, 2)}))
-    return EXIT_FINDINGS if result.doctor.get("errors") else EXIT_OK
+    return EXIT_OK if result.doctor["ok"] else EXIT_FINDINGS
 
 
 def _register_eval(sub) -> None:
