@@ -136,3 +136,23 @@ def test_fine_tune_a_public_style_head_with_reduced_vocab(
     model, report = load_model(cfg, cfg.speculative_config.draft_model_config)
     assert report.unwritten == []
     assert torch.equal(model.draft_id_to_target_id.cpu(), before["d2t"])
+
+
+def test_speculators_own_dataset_reads_the_data_directory(captured):
+    """`draft capture --speculators-dataset` makes the directory `speculators train
+    --data-path` input: its ArrowDataset reads our shards as its own."""
+    import torch
+    from speculators.train.data import ArrowDataset
+
+    from vllm_kimi_ext.train import layout
+    from vllm_kimi_ext.train.trainer import write_speculators_dataset
+
+    write_speculators_dataset(captured)
+    ds = ArrowDataset(128, captured, on_missing="raise")
+    samples = layout.read_samples(captured)
+    assert len(ds) == len(samples)
+    item = ds[3]
+    assert torch.equal(item["input_ids"], torch.tensor(samples[3].input_ids))
+    assert item["hidden_states"].shape == (40, 3 * SPEC.hidden_size)
+    assert item["verifier_last_hidden_states"].shape == (40, SPEC.hidden_size)
+    assert item["loss_mask"].tolist() == samples[3].loss_mask

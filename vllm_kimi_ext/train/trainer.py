@@ -297,15 +297,25 @@ def _library_version() -> str:
 def write_speculators_dataset(data_dir: str | Path) -> Path:
     """Write the Arrow dataset ``speculators train --data-path DATA`` reads next to the
     shards (columns ``input_ids``, ``loss_mask``, ``seq_len``; row i = ``hs_i``)."""
+    import hashlib
+
+    import pyarrow as pa
     from datasets import Dataset
+    from datasets.table import InMemoryTable
 
     samples = layout.read_samples(data_dir)
     if [s.index for s in samples] != list(range(len(samples))):
         raise DataError(f"{data_dir}: sample indices are not 0..n-1; speculators reads "
                         "row i from hs_i.safetensors")
-    ds = Dataset.from_dict({"input_ids": [s.input_ids for s in samples],
-                            "loss_mask": [s.loss_mask for s in samples],
-                            "seq_len": [s.num_tokens for s in samples]})
+    table = pa.table({
+        "input_ids": pa.array([s.input_ids for s in samples], type=pa.list_(pa.int64())),
+        "loss_mask": pa.array([[bool(m) for m in s.loss_mask] for s in samples],
+                              type=pa.list_(pa.bool_())),
+        "seq_len": pa.array([s.num_tokens for s in samples], type=pa.int64())})
+    # an explicit fingerprint: datasets' own (a pickle of the table) fails on some
+    # pyarrow/dill combinations
+    digest = hashlib.sha256((Path(data_dir) / layout.SAMPLES).read_bytes()).hexdigest()[:16]
+    ds = Dataset(InMemoryTable(table), fingerprint=digest)
     ds.set_format(type="torch")
     ds.save_to_disk(str(data_dir))
     return Path(data_dir)
