@@ -145,17 +145,16 @@ def capture(
         bar.update(len(chunk))
     bar.close()
     elapsed = time.perf_counter() - t0
+    done = [s for s in samples if layout.captured(data_dir, s, len(ids), h)]
     entries = [{"index": s.index, "prompt_hash": s.prompt_hash, "source": s.source,
                 "file": str(layout.hidden_path(data_dir, s.index).relative_to(data_dir)),
                 "shape": [s.num_tokens, len(ids), h], "loss_tokens": len(s.output_token_ids)}
-               for s in samples if layout.captured(data_dir, s, len(ids), h)]
+               for s in done]
     section = dict(backend.description, layer_ids=ids, aux_layer_ids=ids[:-1],
                    last_layer_id=ids[-1], dtype=dtype, hidden_size=h,
                    num_hidden_layers=backend.num_hidden_layers,
                    bytes_per_token=bytes_per_token(len(ids), h, dtype),
-                   disk_bytes=estimate_disk([s for s in samples
-                                             if any(e["index"] == s.index for e in entries)],
-                                            len(ids), h, dtype),
+                   disk_bytes=estimate_disk(done, len(ids), h, dtype),
                    measured={"tokens": sum(s.num_tokens for s in todo),
                              "seconds": round(elapsed, 3)},
                    samples=entries)
@@ -290,6 +289,14 @@ class VllmCapture:
                 raise DataError(f"{src}: hidden_states shape "
                                 f"{tuple(data['hidden_states'].shape)}, expected "
                                 f"{(s.num_tokens, len(layer_ids), self.hidden_size)}")
+            if data["hidden_states"].dtype == getattr(torch, dtype):
+                try:  # the connector's file is already a shard: rename it
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(src, path)
+                    example_hidden_states_connector.cleanup_hidden_states(src)
+                    continue
+                except OSError:  # another filesystem: rewrite below
+                    pass
             _save_shard(path, data["hidden_states"].to(getattr(torch, dtype)),
                         data["token_ids"].long())
             example_hidden_states_connector.cleanup_hidden_states(src)
