@@ -95,3 +95,18 @@ def test_cli_bill_json_and_refusal(capsys, tmp_path):
     rc = main(["draft", "bill", "--gain-fraction", "1.5"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "--gain-fraction 1.5" in err
+
+
+def test_pilot_measurements_feed_the_bill(tmp_path):
+    from vllm_kimi_ext.train import layout
+
+    layout.append_samples(tmp_path, [
+        layout.Sample(0, "a", "s", [], [1] * 100, [2] * 300),
+        layout.Sample(1, "b", "s", [], [1] * 300, [2] * 100)])
+    layout.update_manifest(tmp_path, generation={"measured": {"tokens_per_s": 250.0}},
+                           capture={"measured": {"tokens": 800, "seconds": 0.5}})
+    train_json = tmp_path / "training.json"
+    train_json.write_text(json.dumps({"tokens_per_s": 4000.0}))
+    m = b.load_measured(tmp_path, train_json)
+    assert m == {"prompt_tokens": 200.0, "response_tokens": 200.0, "decode_tokens_per_s": 250.0,
+                 "prefill_tokens_per_s": 1600.0, "train_tokens_per_s": 4000.0}
