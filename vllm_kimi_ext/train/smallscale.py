@@ -181,6 +181,9 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
         t = time.perf_counter()
         results[name] = evaluate.evaluate(data["heldout"], target, heads / name, k=3)
         timings[f"eval/{name}"] = time.perf_counter() - t
+    t2d, _ = bridge.read_vocab_maps(untrained)
+    held_tokens = [t for s in layout.read_samples(data["heldout"]) for t in s.output_token_ids]
+    coverage = sum(bool(t2d[t]) for t in held_tokens) / max(len(held_tokens), 1)
     manifests = {s: layout.read_manifest(d) for s, d in data.items()}
     summary = {
         "sizes": dataclasses.asdict(sizes), "seed": seed, "results": results,
@@ -190,6 +193,7 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
                            "disk_bytes": m["capture"]["disk_bytes"]}
                        for s, m in manifests.items()},
         "torch_threads": torch.get_num_threads(),
+        "heldout_draft_vocab_coverage": coverage,
     }
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "results.md").write_text(evaluate.format_table(results) + "\n")
