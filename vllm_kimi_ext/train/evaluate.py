@@ -1,0 +1,200 @@
+"""Teacher-forced acceptance of a draft on captured data (``draft eval``).
+
+For every response position the draft is run exactly as speculators trains it (the
+target's hidden states, the target's tokens as draft inputs at depths > 1, its own
+hidden states carried across depths), and its distribution ``q_j`` at depth
+``j = 1..k`` is compared with the target's ``p`` for the same token, computed from
+the captured last-layer state with the target's own final norm and full ``lm_head``:
+
+* ``alpha_j = sum_x min(p(x), q_j(x))``: the probability that rejection sampling at
+  temperature 1 accepts the draft's token (a reduced draft vocabulary puts ``q`` on
+  its ids only, through ``d2t``; ``p`` keeps the full vocabulary);
+* ``tau = 1 + sum_{m=1..k} prod_{j<=m} alpha_j`` per chain start, averaged: the
+  expected tokens per target step at ``k`` when every draft proposes from the
+  target's own continuation (teacher forcing; in serving, an accepted token is drawn
+  from ``min(p, q)`` rather than the target's sample, so this is an estimate);
+* the greedy counterparts: ``a_j = [argmax q_j == argmax p]`` and its ``tau``.
+
+Chains are counted where all ``k`` predicted tokens are response tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import bridge, layout, trainer
+from .layout import DataError, Sample
+
+
+@dataclasses.dataclass
+class Acceptance:
+    """Sums over chains; :meth:`row` gives the means."""
+
+    k: int
+    chains: int = 0
+    alpha: list[float] = dataclasses.field(default_factory=list)
+    tau: float = 0.0
+    greedy: list[float] = dataclasses.field(default_factory=list)
+    greedy_tau: float = 0.0
+
+    def __post_init__(self):
+        self.alpha = self.alpha or [0.0] * self.k
+        self.greedy = self.greedy or [0.0] * self.k
+
+    def add(self, alpha, greedy) -> None:
+        """``alpha``/``greedy``: ``[chains, k]`` tensors of per-depth acceptance."""
+        import torch
+
+        if alpha.numel() == 0:
+            return
+        self.chains += alpha.shape[0]
+        for j in range(self.k):
+            self.alpha[j] += float(alpha[:, j].sum())
+            self.greedy[j] += float(greedy[:, j].sum())
+        self.tau += float(chain_tau(alpha).sum())
+        self.greedy_tau += float(chain_tau(greedy.to(torch.float64)).sum())
+
+    def merge(self, other: Acceptance) -> None:
+        self.chains += other.chains
+        self.tau += other.tau
+        self.greedy_tau += other.greedy_tau
+        for j in range(self.k):
+            self.alpha[j] += other.alpha[j]
+            self.greedy[j] += other.greedy[j]
+
+    def row(self) -> dict:
+        n = max(self.chains, 1)
+        return {"chains": self.chains, "alpha": [a / n for a in self.alpha], "tau": self.tau / n,
+                "greedy_alpha": [a / n for a in self.greedy], "greedy_tau": self.greedy_tau / n}
+
+
+def chain_tau(alpha):
+    """``1 + sum_m prod_{j<=m} alpha_j`` per row of ``[chains, k]``."""
+    import torch
+
+    return 1.0 + torch.cumprod(alpha.to(torch.float64), dim=1).sum(dim=1)
+
+
+def sum_min(p, q_draft, d2t=None):
+    """``sum_x min(p(x), q(x))`` per row: ``p`` ``[n, V]``, ``q_draft`` ``[n, Vd]`` over the
+    draft ids (``d2t`` maps draft id i to target id ``i + d2t[i]``; ``None``: Vd = V)."""
+    import torch
+
+    if d2t is None:
+        return torch.minimum(p, q_draft).sum(-1)
+    ids = torch.arange(q_draft.shape[-1], device=q_draft.device) + d2t.to(q_draft.device)
+    return torch.minimum(p[:, ids], q_draft).sum(-1)
+
+
+def chain_acceptance(p, qs: Sequence, valid, d2t=None):
+    """Per-chain acceptance for draft depths ``qs[j]`` (``[T, Vd]`` probabilities, start
+    ``i`` predicting the token ``p[i + j]`` predicts). ``valid[i]``: chain ``i`` counts.
+    Returns ``(alpha, greedy)``, each ``[chains, k]``."""
+    import torch
+
+    k = len(qs)
+    n = p.shape[0] - (k - 1)
+    if n <= 0:
+        empty = torch.zeros(0, k, dtype=torch.float64)
+        return empty, empty
+    starts = torch.nonzero(valid[:n]).flatten()
+    alpha = torch.zeros(len(starts), k, dtype=torch.float64)
+    greedy = torch.zeros(len(starts), k, dtype=torch.float64)
+    target_argmax = p.argmax(-1)
+    for j, q in enumerate(qs):
+        pj = p[starts + j]
+        qj = q[starts]
+        alpha[:, j] = sum_min(pj, qj, d2t).to(torch.float64)
+        draft_argmax = qj.argmax(-1)
+        if d2t is not None:
+            draft_argmax = draft_argmax + d2t.to(draft_argmax.device)[draft_argmax]
+        greedy[:, j] = (draft_argmax == target_argmax[starts + j]).to(torch.float64)
+    return alpha, greedy
+
+
+def _target_head(target_dir: Path):
+    from speculators.utils.loading import load_model_layers
+
+    w = load_model_layers(["embed_tokens.weight", "lm_head.weight"], str(target_dir))
+    return w.get("lm_head.weight", w["embed_tokens.weight"])
+
+
+def evaluate(
+    data_dir: str | Path,
+    target_dir: str | Path,
+    draft: str | Path | object,
+    *,
+    samples: Sequence[Sample] | None = None,
+    k: int = 3,
+    max_len: int = 4096,
+    progress: bool | None = None,
+) -> dict[str, dict]:
+    """Acceptance of ``draft`` (a directory, or a speculators model) per source and
+    ``"all"`` over ``samples`` (default: every captured sample)."""
+    import torch
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.data import CollateFn
+    from tqdm import tqdm
+
+    bridge.require_speculators()
+    cap = trainer.capture_settings(data_dir)
+    if samples is None:
+        samples = [s for s in layout.read_samples(data_dir)
+                   if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
+    if not samples:
+        raise DataError(f"{data_dir}: no captured samples to evaluate on")
+    model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
+        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k)
+    model = model.cpu().float().eval()
+    d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None
+    head = _target_head(Path(target_dir)).float()
+    lc = trainer.loss_config(torch.device("cpu"))
+    dataset = trainer.make_dataset(data_dir, samples, max_len, torch.float32)
+    collect: list = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, out: collect.append(out[0]))
+    per_source: dict[str, Acceptance] = defaultdict(lambda: Acceptance(k))
+    try:
+        for idx in tqdm(range(len(samples)), desc="eval", unit="sample",
+                        disable=None if progress is None else not progress):
+            s = samples[idx]
+            n = min(s.num_tokens, max_len)
+            batch = CollateFn(n, cap["hidden_size"], num_target_layers=len(cap["aux_layer_ids"]),
+                              dtype=torch.float32, preprocess=shift_batch)([dataset[idx]])
+            collect.clear()
+            with torch.no_grad():
+                model(**trainer.model_inputs(batch, "cpu"), ttt_steps=k, loss_config=lc)
+                last = batch["verifier_last_hidden_states"][0]
+                p = torch.softmax(model.verifier_norm(last) @ head.T, dim=-1)
+            qs = [torch.softmax(logits.float(), dim=-1) for logits in collect[:k]]
+            # shifted position i predicts original token i + 2
+            mask = torch.tensor(s.loss_mask[:n], dtype=torch.bool)
+            m = p.shape[0]
+            valid = torch.zeros(m, dtype=torch.bool)
+            for i in range(m - (k - 1)):
+                valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k <= n
+            alpha, greedy = chain_acceptance(p, qs, valid, d2t)
+            per_source[s.source or "data"].add(alpha, greedy)
+    finally:
+        hook.remove()
+    total = Acceptance(k)
+    for acc in per_source.values():
+        total.merge(acc)
+    rows = {name: acc.row() for name, acc in sorted(per_source.items())}
+    rows["all"] = total.row()
+    return rows
+
+
+def format_table(results: dict[str, dict[str, dict]], k: int = 3) -> str:
+    """Markdown: one row per (draft, source)."""
+    head = ("| draft | prompts | chains | " + " | ".join(f"α{j + 1}" for j in range(k)) +
+            f" | τ (k={k}, T=1) | greedy τ |")
+    lines = [head, "|" + "---|" * (k + 5)]
+    for draft, rows in results.items():
+        for source, r in rows.items():
+            lines.append(f"| {draft} | {source} | {r['chains']} | " +
+                         " | ".join(f"{a:.3f}" for a in r["alpha"]) +
+                         f" | {r['tau']:.3f} | {r['greedy_tau']:.3f} |")
+    return "\n".join(lines)

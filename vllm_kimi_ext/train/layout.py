@@ -1,0 +1,208 @@
+"""The training-data directory: regenerated samples, hidden-state shards, manifest.
+
+::
+
+    DATA/
+      samples.jsonl              one record per request: messages, the served prompt's
+                                 token ids, the response's token ids, source, prompt hash
+      hidden_states/hs_<i>.safetensors
+                                 ``hidden_states`` [tokens, layers, hidden] (the aux
+                                 layers, then the last layer), ``token_ids`` [tokens]:
+                                 the format vLLM's ExampleHiddenStatesConnector writes
+                                 and speculators' offline training reads
+      manifest.json              target, generation and capture settings, layer ids,
+                                 dtype, one entry per captured sample (prompt hash,
+                                 shape, file)
+
+A sample's token sequence is ``prompt_token_ids + output_token_ids``; the loss
+covers the output tokens only. Every file is written to a temporary name and
+renamed, so an interrupted run leaves only complete files and resumes where it
+stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+FORMAT = "vllm-kimi-ext-draft-data/1"
+SAMPLES = "samples.jsonl"
+MANIFEST = "manifest.json"
+HIDDEN_DIR = "hidden_states"
+
+
+class DataError(ValueError):
+    """Unreadable or inconsistent training data (one line, names the file)."""
+
+
+def prompt_hash(messages: list[dict], chat_template_kwargs: dict | None = None) -> str:
+    """Stable id of a request: sha256 of its messages and template arguments."""
+    blob = json.dumps({"messages": messages, "chat_template_kwargs": chat_template_kwargs or {}},
+                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
+
+
+@dataclasses.dataclass
+class Sample:
+    """One request to the target and what it answered."""
+
+    index: int
+    prompt_hash: str
+    source: str
+    messages: list[dict]
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    response: str = ""
+    reasoning: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def input_ids(self) -> list[int]:
+        return list(self.prompt_token_ids) + list(self.output_token_ids)
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_token_ids) + [1] * len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, rec: dict, where: str) -> Sample:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [n for n in ("index", "prompt_hash", "prompt_token_ids", "output_token_ids")
+                   if n not in rec]
+        if missing:
+            raise DataError(f"{where}: field(s) {', '.join(missing)} missing")
+        rec = {k: v for k, v in rec.items() if k in names}
+        rec.setdefault("source", "")
+        rec.setdefault("messages", [])
+        return cls(**rec)
+
+
+def hidden_path(data_dir: str | Path, index: int) -> Path:
+    return Path(data_dir) / HIDDEN_DIR / f"hs_{index}.safetensors"
+
+
+def read_samples(data_dir: str | Path) -> list[Sample]:
+    """Every sample of ``data_dir/samples.jsonl`` (in index order). A torn last line
+    (an interrupted run) is dropped; any other bad line is refused."""
+    path = Path(data_dir) / SAMPLES
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (run `vllm-kimi-ext draft regenerate` first)")
+    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if line.strip()]
+    out = []
+    for pos, (lineno, line) in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            if pos == len(lines) - 1:
+                break
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+        out.append(Sample.from_dict(rec, f"{path}:{lineno}"))
+    out.sort(key=lambda s: s.index)
+    if len({s.index for s in out}) != len(out):
+        raise DataError(f"{path}: duplicate sample index")
+    return out
+
+
+def append_samples(data_dir: str | Path, samples: Iterable[Sample]) -> None:
+    """Append samples to ``samples.jsonl`` (one flushed line each)."""
+    path = Path(data_dir) / SAMPLES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _drop_torn_tail(path)
+    with open(path, "a", encoding="utf-8") as fh:
+        for s in samples:
+            fh.write(s.to_json() + "\n")
+            fh.flush()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (an interrupted write) before appending."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    with open(path, "r+b") as fh:
+        fh.truncate(data.rfind(b"\n") + 1)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_manifest(data_dir: str | Path) -> dict:
+    path = Path(data_dir) / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise DataError(f"{path}: field 'format' is {manifest.get('format')!r}, expected "
+                        f"{FORMAT!r}")
+    return manifest
+
+
+def update_manifest(data_dir: str | Path, **sections: Any) -> dict:
+    """Merge ``sections`` into the manifest (created if absent) and write it."""
+    manifest = read_manifest(data_dir) or {"format": FORMAT}
+    manifest.update(sections)
+    write_json_atomic(Path(data_dir) / MANIFEST, manifest)
+    return manifest
+
+
+def safetensors_shapes(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` from a safetensors header, or ``{}`` if unreadable
+    (a file torn by an interrupted run counts as absent)."""
+    from vllm_kimi_ext.drafts.doctor import read_safetensors_header
+
+    try:
+        return read_safetensors_header(path)
+    except (OSError, ValueError):
+        return {}
+
+
+def captured(data_dir: str | Path, sample: Sample, num_layers: int,
+             hidden_size: int) -> bool:
+    """Is the sample's shard present, complete and of the expected shape?"""
+    header = safetensors_shapes(hidden_path(data_dir, sample.index))
+    hs = header.get("hidden_states")
+    ids = header.get("token_ids")
+    if not hs or not ids:
+        return False
+    expected = (sample.num_tokens, num_layers, hidden_size)
+    return tuple(hs[1]) == expected and tuple(ids[1]) == (sample.num_tokens,)
+
+
+def iter_training_records(data_dir: str | Path, samples: list[Sample] | None = None
+                          ) -> Iterator[tuple[Sample, dict]]:
+    """``(sample, {"hidden_states", "token_ids"})`` for each captured sample; refuses a
+    shard whose token ids differ from the sample's."""
+    import torch
+    from safetensors.torch import load_file
+
+    for s in samples if samples is not None else read_samples(data_dir):
+        path = hidden_path(data_dir, s.index)
+        if not path.is_file():
+            continue
+        tensors = load_file(str(path))
+        if tensors["token_ids"].tolist() != s.input_ids:
+            raise DataError(f"{path}: token_ids differ from sample {s.index} of {SAMPLES}")
+        tensors["token_ids"] = tensors["token_ids"].to(torch.long)
+        yield s, tensors
