@@ -253,8 +253,9 @@ def markdown(report: dict) -> str:
         f"SmolLM2-135M-Instruct Q4_1 (vocab {report['vocab']}), teacher-forced on reference "
         f"answers: {report['rows_per_dataset']} rows (answer tokens) per dataset, bf16 logits; "
         f"top_p = {TOP_P}, TP = {TP}. A row needs a second round at width m when some rank "
-        f"holds m or more nucleus tokens; the second round sends {ESCALATION} values, the "
-        "whole shard only if that does not suffice. Payload: bytes each rank sends per top-p "
+        f"holds m or more nucleus tokens (m + 1 if its m-th is the last nucleus token); the "
+        f"second round sends {ESCALATION} values, the whole shard only if that does not "
+        "suffice. Payload: bytes each rank sends per top-p "
         "row, expected over the rows (threshold rounds + the 16-byte statistics round; the "
         f"stock path gathers {2 * KIMI_V // TP} B per row from each rank at Kimi dims).",
         "",
