@@ -428,13 +428,18 @@ def main(argv=None) -> int:
         report["correctness"] = correctness(a.quick)
         print("correctness ok", flush=True)
     report["results"] = bench(a.quick, vllm_fn)
-    dirs = [a.out_dir] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
+    write_report(report, a.out_dir, a.name, markdown)
+    return 0
+
+
+def write_report(report: dict, out_dir: Path, name: str, to_markdown) -> None:
+    """``<name>.json`` + ``<name>.md`` into ``out_dir`` (and ``$OUT`` when set); print the table."""
+    dirs = [out_dir] + ([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{a.name}.json").write_text(json.dumps(report, indent=1, default=str))
-        (d / f"{a.name}.md").write_text(markdown(report))
-    print(markdown(report))
-    return 0
+        (d / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+        (d / f"{name}.md").write_text(to_markdown(report))
+    print(to_markdown(report))
 
 
 if __name__ == "__main__":

@@ -386,3 +386,21 @@ def test_planted_bug_fails_chi_square(mode, bug):
     first, _ = _draw(mode, "sharded", patch=bug, n=N // 5)
     ok, pval = _fits(first, _target(mode))
     assert not ok, f"{bug} passed the {mode} chi-square (p={pval:.2e})"
+
+
+def test_default_width_rule():
+    """m = 128, more while the round fits 16 KiB per rank, at most the escalation width."""
+    from vllm_kimi_ext.verify.sharded import top_p_width_for
+
+    def modes(reqs, **kw):
+        b = VerifyBatch.from_draft_tokens([[1, 2, 3]] * reqs, [1.0] * reqs, list(range(reqs)),
+                                          top_p=[0.95] * reqs, **kw)
+        return b.layout().host_modes(163840)
+
+    assert top_p_width_for(modes(1), None) == 1022  # B=1, k=3: 4 rows x 4 KiB
+    assert top_p_width_for(modes(4), None) == 254
+    assert top_p_width_for(modes(16), None) == 128  # floor
+    assert top_p_width_for(modes(1), 32) == 32
+    p = comm_plan(4, 8, BatchModes.from_batch(
+        VerifyBatch.from_draft_tokens([[1, 2, 3]], [1.0], [0], top_p=[0.95]), 163840, False))
+    assert p.collectives[0].width == 1024 and p.bytes_sent_per_rank == 4 * 4 * 1024 + 4 * 16

@@ -53,7 +53,7 @@ Min-p, top-k and top-p (exact, one extra round)
 vLLM's mask (min-p, then top-k, then top-p) keeps a prefix of the row in the
 order (value descending, token id ascending); :mod:`.cuts` finds it from each
 rank's first ``W`` values in that order (``W = max(k_max, m)`` with ``m`` =
-:data:`DEFAULT_TOP_P_WIDTH` when a row uses top-p, else ``k_max``; 1 for min-p
+:func:`top_p_width_for` when a row uses top-p, else ``k_max``; 1 for min-p
 alone) plus, with top-p, the shard log-sum-exp (two float32): ``4 * (W + 2)``
 bytes per row. Every rank then masks its shard with its share of the prefix and
 the stats round runs on the masked logits: 2 collectives. Min-p and top-k are
@@ -123,18 +123,34 @@ GREEDY_STATS_WIDTH = 2
 RESIDUAL_WIDTH = 2
 FLOAT_BYTES = 4
 
-#: Values each rank sends per top-p row in the threshold round (``m``; chosen from
-#: the fallback-rate benchmark, see docs/sharded-verification.md).
-DEFAULT_TOP_P_WIDTH = 64
+#: Values each rank sends per top-p row in the threshold round (``m``), chosen from
+#: the fallback-rate benchmark (docs/sharded-verification.md): at least
+#: :data:`MIN_TOP_P_WIDTH`, and more while the round stays within
+#: :data:`TOP_P_ROUND_BYTES` per rank (small batches: the single-stream case).
+MIN_TOP_P_WIDTH = 128
+#: 16 KiB sent per rank (128 KiB received at TP = 8) keeps an all-gather in the
+#: small-message range where PCIe latency is nearly flat.
+TOP_P_ROUND_BYTES = 16384
 #: Wider rounds for top-p rows whose cut ``m`` values cannot certify; the whole
 #: shard follows as the last (always exact) round.
 DEFAULT_TOP_P_ESCALATION = (1024,)
 
 
-def threshold_width(modes: HostModes, top_p_width: int) -> int:
+def top_p_width_for(modes: HostModes, top_p_width: int | None) -> int:
+    """``m`` of a batch: ``top_p_width`` if given, else the byte-budget rule above
+    (capped at the first escalation width)."""
+    if top_p_width is not None:
+        return top_p_width
+    n = 0 if modes.thr_rows is None else int(modes.thr_rows.numel())
+    fit = TOP_P_ROUND_BYTES // (FLOAT_BYTES * max(n, 1)) - LSE_COLUMNS
+    return max(MIN_TOP_P_WIDTH, min(fit, DEFAULT_TOP_P_ESCALATION[0]))
+
+
+def threshold_width(modes: HostModes, top_p_width: int | None) -> int:
     """float32 columns per row of the threshold round (values, + the LSE with top-p)."""
-    values = max(modes.thr_width, top_p_width if modes.has_top_p else 1)
-    return values + (LSE_COLUMNS if modes.has_top_p else 0)
+    if not modes.has_top_p:
+        return max(modes.thr_width, 1)
+    return max(modes.thr_width, top_p_width_for(modes, top_p_width)) + LSE_COLUMNS
 
 
 # ---------------------------------------------------------------------------
@@ -170,7 +186,7 @@ class BatchModes:
 
     @staticmethod
     def from_batch(batch: VerifyBatch, vocab_size: int, probabilistic: bool,
-                   top_p_width: int = DEFAULT_TOP_P_WIDTH) -> BatchModes:
+                   top_p_width: int | None = None) -> BatchModes:
         m = batch.layout().host_modes(vocab_size)
         return BatchModes(
             all_greedy=m.all_greedy,
@@ -254,7 +270,7 @@ class VocabShardedVerifier:
         all_gather: AllGather,
         shard_width: int | None = None,
         backend: str = "auto",
-        top_p_width: int = DEFAULT_TOP_P_WIDTH,
+        top_p_width: int | None = None,
         top_p_escalation: tuple[int, ...] = DEFAULT_TOP_P_ESCALATION,
     ):
         if vocab_size >= MAX_EXACT_FLOAT_ID:
@@ -268,9 +284,11 @@ class VocabShardedVerifier:
             raise ValueError("shards do not cover the vocabulary")
         self.col_offset = self.rank * self.shard_width
         self.backend = backend
-        if top_p_width < 1 or any(w <= top_p_width for w in top_p_escalation):
+        if top_p_width is not None and (top_p_width < 1 or any(
+                w <= top_p_width for w in top_p_escalation)):
             raise ValueError("top_p_width must be >= 1 and every escalation width larger")
-        self.top_p_width = int(top_p_width)
+        #: ``m`` (None: :func:`top_p_width_for`'s rule per batch).
+        self.top_p_width = top_p_width
         #: Rounds after the first: the given widths (below the shard), then the shard.
         self.top_p_escalation = tuple(sorted({min(int(w), self.shard_width)
                                               for w in top_p_escalation}
