@@ -23,8 +23,10 @@ backends; the integer hash may not differ at all):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import threading
 
 import torch
 
@@ -161,6 +163,31 @@ def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
             "mean_num_sampled": float(a[1].float().mean())}
 
 
+@contextlib.contextmanager
+def _one_launch_at_a_time():
+    """Serialise kernel launches across threads: Triton's interpreter swaps module
+    globals while it runs a kernel, so two threads interpreting at once break each
+    other (on a GPU the lock only orders launches)."""
+    from . import _triton_kernels as tk
+
+    lock = threading.Lock()
+    saved = {name: getattr(tk, name) for name in ("launch_stats", "launch_decide")}
+
+    def locked(fn):
+        def call(*a, **k):
+            with lock:
+                return fn(*a, **k)
+        return call
+
+    try:
+        for name, fn in saved.items():
+            setattr(tk, name, locked(fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(tk, name, fn)
+
+
 def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) -> dict:
     """The sharded verifier on the Triton backend vs the full-vocabulary reference:
     top-p (with a small first round, so the wider rounds run too), top-k, bf16 ties."""
@@ -175,8 +202,9 @@ def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) ->
     b = VerifyBatch.from_draft_tokens(drafts, temps, torch.arange(num_reqs), device=device,
                                       top_p=[0.9] * num_reqs, top_k=[0, 5] * (num_reqs // 2))
     z = (torch.randn(b.num_rows, V, generator=g) * 2).to(torch.bfloat16).to(device)
-    out, group, outs = simulate_sharded_verify(z, b, tp, V, backend="triton", top_p_width=4,
-                                               top_p_escalation=(16,))
+    with _one_launch_at_a_time():  # the simulated ranks are threads
+        out, group, outs = simulate_sharded_verify(z, b, tp, V, backend="triton",
+                                                   top_p_width=4, top_p_escalation=(16,))
     assert all(torch.equal(o.sampled, out.sampled) for o in outs[1:])
     ref = ReferenceVerifier(V).verify(z, b)
     rep = assert_equivalent(ref, out, b, logits=z, vocab_size=V, allow_score_ties=True)
