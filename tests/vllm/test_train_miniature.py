@@ -29,6 +29,8 @@ def tiny_target(tmp_path_factory):
     root = tmp_path_factory.mktemp("train-target")
     write_tiny_deepseek_v3(root / "dsv3", SPEC)
     model = AutoModelForCausalLM.from_pretrained(root / "dsv3", dtype=torch.float32).eval()
+    with torch.no_grad():  # a non-trivial final norm: norm(norm(h)) != norm(h)
+        model.model.norm.weight.copy_(torch.linspace(0.5, 2.0, SPEC.hidden_size))
     return model, write_target_stub(model, root / "target")
 
 

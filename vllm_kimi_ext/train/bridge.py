@@ -11,8 +11,8 @@ the other.
   through speculators' ``load_verifier_weights``.
 * :func:`export_flat` writes the flat form: ``config.json`` with
   ``architectures: ["Eagle3LlamaForCausalLM"]``, ``eagle_aux_hidden_state_layer_ids``
-  at the top level (where vLLM 0.34.0 reads them), ``draft_vocab_size`` and the
-  target's bos/eos/pad ids and context; ``model.safetensors`` with ``fc``,
+  at the top level (where vLLM 0.34.0 reads them), ``draft_vocab_size``, the target's
+  bos/eos/pad ids and the layer's own RoPE and context; ``model.safetensors`` with ``fc``,
   ``layers.0.*``, ``norm``, ``lm_head``, ``embed_tokens`` and, for a reduced
   vocabulary, ``d2t``/``t2d``. ``vllm-kimi-ext doctor`` reads it as is.
 
@@ -34,6 +34,11 @@ from .layout import DataError
 #: Keys the speculators model holds but a served head does not need.
 _NOT_EXPORTED = ("verifier_lm_head.", "verifier_norm.")
 _FLAT_ARCHS = ("Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3")
+#: The draft layer's fields written to a flat config (the rest are the target's or EAGLE-3's).
+_LAYER_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+               "attention_bias", "attention_dropout", "mlp_bias", "initializer_range",
+               "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +94,10 @@ def write_target_stub(model, out_dir: str | Path, dtype: str = "bfloat16") -> Pa
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
         else model.config
     cfg.save_pretrained(out)
+    saved = read_json(out / "config.json", "target config")
+    saved.pop("quantization_config", None)  # e.g. GGUF: the stub holds plain tensors
+    saved["dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     dt = getattr(torch, dtype)
     tensors = {
@@ -256,9 +265,7 @@ def export_flat(model, target_dir: str | Path, out_dir: str | Path, *,
     tcfg = target_text_config(target_dir)
     spec_cfg = model.config
     layer = spec_cfg.transformer_layer_config.to_dict()
-    cfg = {k: v for k, v in layer.items() if k not in (
-        "architectures", "transformers_version", "_name_or_path", "layer_types",
-        "use_sliding_window", "sliding_window", "dtype", "torch_dtype", "model_type")}
+    cfg = {k: layer[k] for k in _LAYER_KEYS if layer.get(k) is not None}
     cfg.update(
         architectures=["Eagle3LlamaForCausalLM"], model_type="llama",
         vocab_size=int(tcfg["vocab_size"]), draft_vocab_size=int(spec_cfg.draft_vocab_size),
@@ -269,14 +276,11 @@ def export_flat(model, target_dir: str | Path, out_dir: str | Path, *,
         norm_before_fc=bool(spec_cfg.norm_before_fc), fc_norm=bool(spec_cfg.fc_norm),
         norm_output=bool(spec_cfg.norm_output), tie_word_embeddings=False,
         torch_dtype=dtype,
-        max_position_embeddings=int(tcfg.get("max_position_embeddings")
-                                    or cfg.get("max_position_embeddings") or 0),
     )
+    # RoPE and context stay the draft layer's own (a fresh layer copies the target's; a
+    # fine-tuned head keeps what it was trained with: the doctor compares them)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         cfg[key] = tcfg.get(key)
-    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
-        if tcfg.get(key) is not None:
-            cfg[key] = tcfg[key]
     if extra:
         cfg.update(extra)
     dt = getattr(torch, dtype)
