@@ -21,14 +21,17 @@ import json
 import math
 from pathlib import Path
 
+from vllm_kimi_ext.facts import target_dims
+
 from .layout import DataError
 
 # --- documented constants ---------------------------------------------------------------
 
 #: Kimi-K2.5 text stack (HF config; docs/choosing-a-draft.md, costmodel profile kimi-k2.5).
-KIMI_HIDDEN = 7168
-KIMI_LAYERS = 61
-KIMI_VOCAB = 163840
+_DIMS = target_dims()
+KIMI_HIDDEN = _DIMS.hidden_size
+KIMI_LAYERS = _DIMS.num_layers
+KIMI_VOCAB = _DIMS.vocab_size
 #: ~32B parameters active per token (Kimi-K2.5 model card: 1.04T total, 32B activated).
 KIMI_ACTIVE_PARAMS = 32e9
 
@@ -44,7 +47,7 @@ H200_BF16_TFLOPS = 989.0
 
 #: The public Llama-style K2.5 head (costmodel profile lightseek-eagle3): hidden 7168,
 #: 64 heads, 8 KV heads (assumed), head_dim 128, MLP 12288, 3 aux states, full vocab.
-LIGHTSEEK_HEAD = {"hidden": 7168, "heads": 64, "kv_heads": 8, "head_dim": 128,
+LIGHTSEEK_HEAD = {"hidden": KIMI_HIDDEN, "heads": 64, "kv_heads": 8, "head_dim": 128,
                   "intermediate": 12288, "num_aux": 3, "draft_vocab": KIMI_VOCAB}
 
 #: ASSUMPTION: model FLOP utilisation of EAGLE-3 training (one layer, a wide lm_head).

@@ -111,7 +111,7 @@ def write_prompt_sets(work: Path, sizes: Sizes, seed: int = 0) -> dict[str, list
 def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
     """Every step; each is resumable, so a rerun continues where it stopped.
 
-    Over 80 lines: the steps are one script, in order, kept together for reading."""
+    Long because: the steps are one script, in order, kept together for reading."""
     import torch
 
     from vllm_kimi_ext.drafts.cli import _HFTokenizer

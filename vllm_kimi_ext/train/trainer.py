@@ -204,7 +204,7 @@ def train(
 ) -> TrainResult:
     """Train (or fine-tune ``init``) a draft on ``data_dir``; export it to ``out_dir``.
 
-    Over 80 lines: the loop, its logging and the final export/doctor step read best
+    Long because: the loop, its logging and the final export/doctor step read best
     together; the data, model and loss pieces are the helpers above.
     """
     import torch
