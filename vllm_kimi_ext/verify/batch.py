@@ -238,13 +238,17 @@ class HostModes:
     thr_top_k: torch.Tensor | None
     thr_min_p: torch.Tensor | None
     thr_top_p: torch.Tensor | None
-    #: Some threshold row uses top-p (its round also carries the shard log-sum-exp).
-    has_top_p: bool
+    #: Threshold rows that use top-p (their round also carries the shard log-sum-exp).
+    num_top_p_rows: int
     #: Some top-p row has no top-k: its cut may need a wider second round.
     top_p_may_escalate: bool
     #: Indices of the sampling (non-greedy) requests.
     sampling_reqs: torch.Tensor
     num_sampling_reqs: int
+
+    @property
+    def has_top_p(self) -> bool:
+        return self.num_top_p_rows > 0
 
     @staticmethod
     def build(L: RowLayout, vocab_size: int) -> HostModes:
@@ -256,7 +260,8 @@ class HostModes:
         need_rows = need_req[L.req_of_row]
         thr_rows = thr_k = thr_p = thr_tp = None
         width = 0
-        has_top_p = may_escalate = False
+        num_top_p = 0
+        may_escalate = False
         if bool(need_rows.any()):
             thr_rows = need_rows.nonzero().squeeze(1)
             thr_k = top_k[L.req_of_row][thr_rows]
@@ -264,7 +269,7 @@ class HostModes:
             thr_tp = top_p[L.req_of_row][thr_rows]
             width = max(int(thr_k.max()), 1)
             uses_p = thr_tp < 1
-            has_top_p = bool(uses_p.any())
+            num_top_p = int(uses_p.sum())
             may_escalate = bool((uses_p & (thr_k == 0)).any())
         sampling = (~greedy_req).nonzero().squeeze(1)
         return HostModes(
@@ -274,7 +279,7 @@ class HostModes:
             thr_top_k=thr_k,
             thr_min_p=thr_p,
             thr_top_p=thr_tp,
-            has_top_p=has_top_p,
+            num_top_p_rows=num_top_p,
             top_p_may_escalate=may_escalate,
             sampling_reqs=sampling,
             num_sampling_reqs=int(sampling.numel()),

@@ -26,9 +26,9 @@ log-sum-exp in float64 as two float32 halves. Every rank merges the same
   the log-sum-exp of the candidate set (from the union when top-k/min-p bound
   it, else from the shard log-sum-exps), and keeps the shortest prefix whose
   mass reaches ``top_p``.
-* The top-p cut is **exact** when the walk ends inside the exact prefix (the
-  cut lies above every full rank's ``W``-th value) or the candidate set is
-  bounded by top-k. Otherwise the row is *unresolved*: the caller repeats the
+* The top-p cut is **exact** when the walk ends inside the exact prefix (no full
+  rank's ``W``-th entry lies inside the nucleus before its last token) or the
+  candidate set is bounded by top-k. Otherwise the row is *unresolved*: the caller repeats the
   round for those rows with a wider ``W`` and finally with the whole shard
   (always exact). Min-p with top-p and no top-k also needs ``n_minp`` to lie
   inside the exact prefix.

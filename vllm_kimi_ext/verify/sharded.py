@@ -355,7 +355,7 @@ class VocabShardedVerifier:
         first = threshold_width(m, self.top_p_width) - (LSE_COLUMNS if m.has_top_p else 0)
         widths = [first] + [w for w in self.top_p_escalation if w > first]
         if m.has_top_p:
-            self.escalations["top_p_rows"] += int((m.thr_top_p < 1).sum())
+            self.escalations["top_p_rows"] += m.num_top_p_rows
         for level, width in enumerate(widths):
             vals, cols = local_top(s if level == 0 else s[pending], width)
             payload = vals if lse is None else torch.cat(
