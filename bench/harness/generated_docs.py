@@ -36,6 +36,9 @@ class DocGenerator:
 GENERATORS: tuple[DocGenerator, ...] = (
     DocGenerator("vllm_kimi_ext.costmodel.report", "docs", ("what-to-run.md", "cost-model.md"),
                  updates=("cost-model.md",)),
+    # the verify block of cost-model.md: three verifiers priced from the measured report
+    DocGenerator("vllm_kimi_ext.costmodel.verify_report", "docs", ("cost-model.md",),
+                 updates=("cost-model.md",)),
     DocGenerator("vllm_kimi_ext.drafts.placement_table", "docs", ("collectives-per-token.md",)),
     DocGenerator("vllm_kimi_ext.drafts.doctor_codes", "docs", ("doctor.md",),
                  updates=("doctor.md",)),
@@ -44,8 +47,10 @@ GENERATORS: tuple[DocGenerator, ...] = (
 
 
 def documents() -> list[str]:
-    """Every generated document, relative to the repository root."""
-    return [str(Path(g.directory) / d) for g in GENERATORS for d in g.documents]
+    """Every generated document, relative to the repository root (once each, although
+    several generators may update one)."""
+    return list(dict.fromkeys(str(Path(g.directory) / d) for g in GENERATORS
+                              for d in g.documents))
 
 
 def regenerate(root: Path, scratch: Path) -> list[str]:
