@@ -350,3 +350,19 @@ def test_package_copy_equals_the_checkout_report():
         f"{packaged} and {vc.REPORT_NAME} must both exist or neither: run nox -s docs"
     if bench.is_file():
         assert packaged.read_bytes() == bench.read_bytes(), "stale package copy: nox -s docs"
+
+
+def test_communication_table_of_the_comparison_matches_the_model(cm):
+    """docs/sharded-verification.md's hand-written communication table (batch-sharded
+    sampling section) holds what the PCIe model computes."""
+    text = (REPO / "docs" / "sharded-verification.md").read_text()
+    section = text.split("## Batch-sharded sampling (vLLM 0.34.0) and sharded verification")[1]
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+) µs \| (\d+) µs \| [^|]+ \| (\d+) µs \|$",
+                      section, re.M)
+    assert [int(r[0]) for r in rows] == [1, 8, 32, 64]
+    for batch, n, stock, bs, one_round in rows:
+        b = int(batch)
+        assert int(n) == 4 * b
+        assert int(stock) == round(vc.price_stock(cm, None, b, 3, "top_p_T1").comm_us)
+        assert int(bs) == round(vc.price_batch_sharded(cm, None, b, 3, "top_p_T1").comm_us)
+        assert int(one_round) == round(cm.collective_us("allgather", 4 * b * 16 * 8, "nccl"))
