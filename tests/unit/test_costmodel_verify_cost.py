@@ -366,3 +366,4 @@ def test_communication_table_of_the_comparison_matches_the_model(cm):
         assert int(stock) == round(vc.price_stock(cm, None, b, 3, "top_p_T1").comm_us)
         assert int(bs) == round(vc.price_batch_sharded(cm, None, b, 3, "top_p_T1").comm_us)
         assert int(one_round) == round(cm.collective_us("allgather", 4 * b * 16 * 8, "nccl"))
+

@@ -121,6 +121,14 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path,
                    help="write a plot of tokens/s against k (.png, .svg or .pdf)")
     p.add_argument("--json", type=Path, help="write the recommendation and all rows as JSON")
+    p.add_argument("--verify-cost", action="store_true",
+                   help="print the verify step of stock vLLM, the vocabulary-sharded verifier "
+                   "and vLLM's --enable-batch-sharded-sampling at batch 1, 8, 32, 64 (and "
+                   "--batch) with Kimi's sampling, priced from the measured per-rank report "
+                   "('not measured: not priced' without it), and from which batch each wins")
+    p.add_argument("--verify-report", type=Path, metavar="REPORT_JSON",
+                   help="with --verify-cost: the measured report to price from (default: the "
+                   "package's copy of bench/reports/verify_graph_vs_vllm_h200.json)")
     p.set_defaults(func=run_plan)
 
     def one_line_error(message: str):  # argparse's usage dump would bury the reason
@@ -237,6 +245,8 @@ def _check_args(args) -> None:
         raise UsageError("--tau-k needs --tau")
     if args.acceptance_run is not None and args.acceptance_from is None:
         raise UsageError("--acceptance-run needs --acceptance-from")
+    if args.verify_report is not None and not args.verify_cost:
+        raise UsageError("--verify-report needs --verify-cost")
     check_output_path("--out", args.out, PLOT_SUFFIXES)
     check_output_path("--json", args.json, (".json",))
 
@@ -249,6 +259,8 @@ def run_plan(args) -> int:
     _check_args(args)
     if args.validate:
         return _run_validate(args)
+    if args.verify_cost:
+        return _run_verify_cost(args)
     return _run(args)
 
 
@@ -358,6 +370,18 @@ def _run_validate(args) -> int:
 
         print(f"plot: {plot_validation(rep, args.out)}")
     return EXIT_FINDINGS if rep.unexplained_misses else EXIT_OK
+
+
+def _run_verify_cost(args) -> int:
+    from vllm_kimi_ext.costmodel import verify_cost
+    from vllm_kimi_ext.costmodel.verify_report import BATCHES, verify_text
+
+    cm, _ = _build(args)
+    meas = (verify_cost.load_report(args.verify_report) if args.verify_report is not None
+            else verify_cost.measurements())
+    batches = BATCHES if args.batch in BATCHES else tuple(sorted((*BATCHES, args.batch)))
+    print(verify_text(cm, meas, batches))
+    return EXIT_OK
 
 
 def _write_json(args, cm, rec, drafts_acc) -> None:

@@ -72,14 +72,23 @@ def _comm_only(cm: CostModel, k: int) -> list[str]:
     return ["Communication alone, which the PCIe model prices without the report (k = "
             f"{k}; us per verify step):", "",
             md_table(["batch", "verified rows", "stock: 1 logits all-gather",
-                    "batch-sharded: all-to-all + output all-gather",
-                    "sharded (payload and rounds are measured)"], rows)]
+                      "batch-sharded: all-to-all + output all-gather",
+                      "sharded (payload and rounds are measured)"], rows)]
 
 
-def _config_table(cm: CostModel, meas, draft: str, k: int) -> list[str]:
+CONFIG_HEADER = ["batch", "verified rows", "sampling", "stock us", "sharded us",
+                 "batch-sharded us", "stock tok/s", "sharded vs stock", "batch-sharded vs stock"]
+VERDICT_HEADER = ["sampling", "sharded vs stock", "batch-sharded vs stock",
+                  "sharded vs batch-sharded"]
+
+
+def config_rows(cm: CostModel, meas, draft: str, k: int,
+                batches: tuple[int, ...] = BATCHES) -> list[list[str]]:
+    """One row per Kimi sampling setting and batch: each verifier's verify step (compute +
+    communication, us) and the tokens/s gain over stock end to end."""
     rows = []
     for mode in vc.KIMI_MODES:
-        for b in BATCHES:
+        for b in batches:
             plan, acc = _plan(draft, k, b)
             e = vc.end_to_end(cm, plan, acc, meas, mode)
             tps = e.tokens_per_s("stock")
@@ -87,27 +96,61 @@ def _config_table(cm: CostModel, meas, draft: str, k: int) -> list[str]:
                          *(_us(e.prices[v]) for v in vc.VERIFIERS),
                          "-" if tps is None else f"{tps:.0f}",
                          _gain(e.gain("sharded")), _gain(e.gain("batch_sharded"))])
-    return [f"`{draft}`, k = {k} (tp8, full vocabulary, NCCL; the rest of the step from the "
-            "fitted model):", "",
-            md_table(["batch", "verified rows", "sampling", "stock us", "sharded us",
-                    "batch-sharded us", "stock tok/s", "sharded vs stock",
-                    "batch-sharded vs stock"], rows)]
+    return rows
+
+
+def _config_caption(draft: str, k: int) -> str:
+    return (f"`{draft}`, k = {k} (tp8, full vocabulary, NCCL; the rest of the step from the "
+            "fitted model):")
+
+
+def verdict_rows(cm: CostModel, meas) -> list[list[str]]:
+    ks = sorted({c.k for c in meas.cases}) if meas is not None else [k for _, k in CONFIGS]
+    return [[f"{MODE_WORDS[mode]}, k = {k}",
+             vc.verdict(cm, meas, k, mode, "sharded", "stock"),
+             vc.verdict(cm, meas, k, mode, "batch_sharded", "stock"),
+             vc.verdict(cm, meas, k, mode, "sharded", "batch_sharded")]
+            for k in ks for mode in vc.MODES]
+
+
+VERDICT_CAPTION = ("Where each wins end to end, per the model (every batch 1-64 whose verified "
+                   "rows lie within the measured range; a shorter verify step is a faster "
+                   "step, as nothing else differs):")
 
 
 def _verdicts(cm: CostModel, meas) -> list[str]:
-    ks = sorted({c.k for c in meas.cases}) if meas is not None else [k for _, k in CONFIGS]
-    rows = []
-    for k in ks:
-        for mode in vc.MODES:
-            rows.append([f"{MODE_WORDS[mode]}, k = {k}",
-                         vc.verdict(cm, meas, k, mode, "sharded", "stock"),
-                         vc.verdict(cm, meas, k, mode, "batch_sharded", "stock"),
-                         vc.verdict(cm, meas, k, mode, "sharded", "batch_sharded")])
-    return ["Where each wins end to end, per the model (every batch 1-64 whose verified rows "
-            "lie within the measured range; a shorter verify step is a faster step, as "
-            "nothing else differs):", "",
-            "| sampling | sharded vs stock | batch-sharded vs stock | sharded vs batch-sharded |",
-            "|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows]
+    return [VERDICT_CAPTION, "", "| " + " | ".join(VERDICT_HEADER) + " |", "|---|---|---|---|"] \
+        + ["| " + " | ".join(r) + " |" for r in verdict_rows(cm, meas)]
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    rows = [[c.replace("**", "") for c in r] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+            for r in [header, ["-" * w for w in widths], *rows]]
+
+
+def verify_text(cm: CostModel, meas: vc.VerifyMeasurements | None,
+                batches: tuple[int, ...] = BATCHES) -> str:
+    """``vllm-kimi-ext plan --verify-cost``: the same tables as the docs block, as text."""
+    if meas is None:
+        out = [f"{vc.NOT_PRICED}: no measured verify-step report ({vc.REPORT_NAME}; the "
+               "package copy is made by nox -s docs, or pass --verify-report FILE).", ""]
+    else:
+        out = [f"measured per-rank compute: {meas.source} ({meas.hardware_text()}, "
+               f"{meas.date}): {meas.hardware_text()} time, a forecast input for "
+               f"{cm.hw.name}, not a measurement of it; communication: PCIe collective model "
+               f"({cm.latency.name}, NCCL, once per round). Cells: compute + comm = us.", ""]
+    for draft, k in CONFIGS:
+        out += [_config_caption(draft, k).replace("`", ""), "",
+                *_text_table(CONFIG_HEADER, config_rows(cm, meas, draft, k, batches)), ""]
+    out += [VERDICT_CAPTION, ""] + _text_table(VERDICT_HEADER, verdict_rows(cm, meas))
+    return "\n".join(out)
+
+
+def _config_table(cm: CostModel, meas, draft: str, k: int) -> list[str]:
+    return [_config_caption(draft, k), "", md_table(CONFIG_HEADER, config_rows(cm, meas, draft,
+                                                                                k))]
 
 
 def verify_markdown(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) -> str:
