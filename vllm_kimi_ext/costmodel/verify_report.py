@@ -153,6 +153,15 @@ def _config_table(cm: CostModel, meas, draft: str, k: int) -> list[str]:
                                                                                 k))]
 
 
+def _bandwidth_note(cm: CostModel, meas: vc.VerifyMeasurements) -> str:
+    if "H200" not in meas.hardware_text():
+        return ""
+    return (f" (its {cm.hw.memory_bandwidth_GBps / 1e3:.2f} TB/s in the hardware profile are "
+            f"{cm.hw.memory_bandwidth_GBps / H200_BANDWIDTH_GBPS:.0%} of the H200's "
+            f"{H200_BANDWIDTH_GBPS / 1e3:.1f} TB/s ({H200_BANDWIDTH_SOURCE}): both verifiers' "
+            "compute would be longer there)")
+
+
 def verify_markdown(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) -> str:
     cm = CostModel.build(hardware)
     src = f"`{vc.REPORT_NAME}`"
@@ -179,11 +188,8 @@ def verify_markdown(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) ->
     out = head + [
         f"Measured input: {src} ({meas.hardware_text()}, {meas.date}). **Compute is "
         f"{meas.hardware_text()} time** (per rank, CUDA graph, communication excluded): a "
-        "forecast input for the 8x RTX PRO 6000 tables, not a measurement of an RTX PRO 6000 "
-        f"(its {cm.hw.memory_bandwidth_GBps / 1e3:.2f} TB/s in the hardware profile are "
-        f"{cm.hw.memory_bandwidth_GBps / H200_BANDWIDTH_GBPS:.0%} of the H200's "
-        f"{H200_BANDWIDTH_GBPS / 1e3:.1f} TB/s ({H200_BANDWIDTH_SOURCE}): both verifiers' "
-        "compute would be longer there). Row counts between measured ones are interpolated "
+        "forecast input for the 8x RTX PRO 6000 tables, not a measurement of an RTX PRO 6000"
+        f"{_bandwidth_note(cm, meas)}. Row counts between measured ones are interpolated "
         f"linearly; outside them: {vc.NOT_PRICED}. Batch-sharded sampling runs vLLM's kernels "
         "on its busiest rank's rows (`ceil(B/8)(k+1)`); its shard plan and pack kernels are not "
         "priced (a lower bound), and its all-to-all is priced as the all-gather with the same "
