@@ -245,8 +245,6 @@ def _check_args(args) -> None:
         raise UsageError("--tau-k needs --tau")
     if args.acceptance_run is not None and args.acceptance_from is None:
         raise UsageError("--acceptance-run needs --acceptance-from")
-    if args.verify_report is not None and not args.verify_cost:
-        raise UsageError("--verify-report needs --verify-cost")
     check_output_path("--out", args.out, PLOT_SUFFIXES)
     check_output_path("--json", args.json, (".json",))
 
@@ -257,11 +255,25 @@ def run_plan(args) -> int:
         print(list_profiles_text())
         return EXIT_OK
     _check_args(args)
+    if args.verify_report is not None and not args.verify_cost:
+        raise UsageError("--verify-report needs --verify-cost")
     if args.validate:
         return _run_validate(args)
     if args.verify_cost:
         return _run_verify_cost(args)
     return _run(args)
+
+
+def _run_verify_cost(args) -> int:
+    from vllm_kimi_ext.costmodel import verify_cost
+    from vllm_kimi_ext.costmodel.verify_report import BATCHES, verify_text
+
+    cm, _ = _build(args)
+    meas = (verify_cost.load_report(args.verify_report) if args.verify_report is not None
+            else verify_cost.measurements())
+    batches = BATCHES if args.batch in BATCHES else tuple(sorted((*BATCHES, args.batch)))
+    print(verify_text(cm, meas, batches))
+    return EXIT_OK
 
 
 def _build(args):
@@ -370,18 +382,6 @@ def _run_validate(args) -> int:
 
         print(f"plot: {plot_validation(rep, args.out)}")
     return EXIT_FINDINGS if rep.unexplained_misses else EXIT_OK
-
-
-def _run_verify_cost(args) -> int:
-    from vllm_kimi_ext.costmodel import verify_cost
-    from vllm_kimi_ext.costmodel.verify_report import BATCHES, verify_text
-
-    cm, _ = _build(args)
-    meas = (verify_cost.load_report(args.verify_report) if args.verify_report is not None
-            else verify_cost.measurements())
-    batches = BATCHES if args.batch in BATCHES else tuple(sorted((*BATCHES, args.batch)))
-    print(verify_text(cm, meas, batches))
-    return EXIT_OK
 
 
 def _write_json(args, cm, rec, drafts_acc) -> None:
