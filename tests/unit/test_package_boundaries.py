@@ -2,10 +2,10 @@
 
 Two checks over the AST of every module of ``vllm_kimi_ext`` (nothing is imported):
 
-* **imports**: no product module (anything outside ``vllm_kimi_ext/testing/``) imports
-  ``vllm_kimi_ext.testing`` or the benchmark harness ``bench`` - absolute or relative
-  imports, including ones inside functions, and ``importlib.import_module("...")`` with a
-  literal name;
+* **imports**: no product module imports the test kit ``testkit``, the benchmark harness
+  ``bench`` or a ``vllm_kimi_ext.testing`` (the test kit's old home, which must not come
+  back) - absolute or relative imports, including ones inside functions, and
+  ``importlib.import_module("...")`` with a literal name;
 * **paths**: no module computes a path above the package directory from ``__file__``. The
   heuristic counts the levels an expression climbs from the module file: ``.parent`` (+1),
   ``.parents[N]`` (+N+1), ``os.path.dirname(...)`` (+1), ``/ ".."`` or an ``os.path.join``
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_kimi_ext"
-FORBIDDEN = ("vllm_kimi_ext.testing", "bench")
+FORBIDDEN = ("vllm_kimi_ext.testing", "testkit", "bench")
 #: Modules still reading outside the package, each with the change that removes it; an entry
 #: that no longer finds anything fails the test, so the list only shrinks.
 KNOWN_PATH_ESCAPES: dict[str, str] = {}
@@ -61,8 +61,6 @@ def _imported_names(tree: ast.AST, rel: Path) -> list[tuple[int, str]]:
 
 
 def forbidden_imports(source: str, rel: Path) -> list[str]:
-    if rel.parts[0] == "testing":
-        return []
     hits = []
     for line, name in _imported_names(ast.parse(source), rel):
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
@@ -168,6 +166,10 @@ def test_no_module_computes_a_path_outside_the_package():
     ("import vllm_kimi_ext.testing.tokenizers", "cli.py"),
     ("from bench.harness import common", "costmodel/report.py"),
     ("import importlib\nimportlib.import_module('vllm_kimi_ext.testing.vllm_cpu')", "plugin.py"),
+    ("from testkit.checkpoints import write_tiny_kimi_k25", "drafts/m.py"),
+    ("def f():\n    import testkit.distributed", "verify/m.py"),
+    ("import importlib\nimportlib.import_module('testkit.vllm_cpu')", "plugin.py"),
+    ("from vllm_kimi_ext.testing import checkpoints", "testing/m.py"),  # no exempt folder
 ])
 def test_a_planted_import_is_found(source, rel):
     assert forbidden_imports(source, Path(rel))
@@ -176,7 +178,7 @@ def test_a_planted_import_is_found(source, rel):
 @pytest.mark.parametrize("source,rel", [
     ("from vllm_kimi_ext.tokenizers import check", "drafts/m.py"),
     ("from .testing_notes import x", "drafts/m.py"),  # vllm_kimi_ext.drafts.testing_notes
-    ("from vllm_kimi_ext.testing import checkpoints", "testing/m.py"),  # testing itself
+    ("import testkitten", "cli.py"),
     ("import benchmark_tools", "cli.py"),
 ])
 def test_allowed_imports_pass(source, rel):
