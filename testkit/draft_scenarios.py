@@ -279,6 +279,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
     embedding / LM head a draft may share)."""
     from vllm.distributed import get_tensor_model_parallel_world_size
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from testkit.vllm_cpu import (
         compute_logits,
         load_model,

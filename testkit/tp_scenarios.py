@@ -56,6 +56,7 @@ def target_pass_collectives(rank: int, model_dir: str, rows: int) -> dict:
     import torch
     from vllm.distributed import get_tensor_model_parallel_world_size
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from testkit.vllm_cpu import (
         compute_logits,
         load_model,
@@ -101,6 +102,7 @@ def _local_logits_check(model, cfg, ids, rows) -> dict:
     import torch
     from vllm.distributed import get_tensor_model_parallel_rank
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
 
@@ -161,6 +163,7 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
     from vllm_kimi_ext.verify import (
@@ -243,6 +246,7 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
     import torch
     from vllm.config import set_current_vllm_config
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from testkit.runner_stand_ins import (
         TORCH_HELPERS,
         stand_in_runner,
