@@ -157,11 +157,6 @@ class CollectiveCounter:
             nbytes[key] += c.nbytes
         return {k: (calls[k], nbytes[k]) for k in sorted(calls)}
 
-    def format_summary(self) -> str:
-        rows = [f"{g:>4} {p:<8} {o:<22} {n:>6} calls {b:>12,d} B"
-                for (g, p, o), (n, b) in self.summary().items()]
-        return "\n".join(rows) if rows else "(no collectives)"
-
     def clear(self) -> None:
         self.calls.clear()
 
