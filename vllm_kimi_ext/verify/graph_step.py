@@ -343,6 +343,8 @@ class Merged:
     res_tok: torch.Tensor  # int64: residual sample (probabilistic drafts), -1 if none
     uncertified: torch.Tensor  # bool
     nucleus_margin: torch.Tensor  # float64
+    #: int64: size of the kept set (rows with a cut; -1 elsewhere). Diagnostic only.
+    n_kept: torch.Tensor | None = None
 
 
 def _gumbel_at(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -370,10 +372,10 @@ def merge_round1_torch(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_s
     no = torch.zeros(R, dtype=torch.bool, device=dev)
     if plan.all_greedy:
         neg = torch.full((R,), NEG_INF, device=dev)
-        return Merged(best, tok, neg, neg, none, no, nan64)
+        return Merged(best, tok, neg, neg, none, no, nan64, none)
     lse_all = torch.logsumexp(join_float64(g[..., 2:2 + LSE_COLUMNS]), dim=0)
     sx = g[..., 4].max(dim=0).values
-    merged = Merged(best, tok, lse_all.float(), sx, none, no, nan64)
+    merged = Merged(best, tok, lse_all.float(), sx, none, no, nan64, none)
     W = plan.candidates
     if not W:
         return merged
@@ -442,6 +444,7 @@ def merge_round1_torch(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_s
         res_tok=torch.where(has_cut, res_tok, none),
         uncertified=has_cut & ~certified,
         nucleus_margin=torch.where(has_cut, margin, nan64),
+        n_kept=torch.where(has_cut, n_kept, none),
     )
 
 

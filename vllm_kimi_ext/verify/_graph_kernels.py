@@ -1,0 +1,315 @@
+"""Triton kernels of :mod:`.graph_step` (imported only when Triton is available).
+
+* ``_cand_kernel`` (grid ``rows x splits``): each program loads one slice of its
+  row's shard once and produces the slice's float64 sum-exp partial, its
+  Gumbel-max (greedy rows: argmax) and its first ``W`` tokens in the order
+  (value desc, id asc) as sortable int64 keys (one ``tl.sort``).
+* ``_cand_merge_kernel`` (one program per row): combines the splits into the
+  round-1 payload row: Gumbel-max, the shard log-sum-exp (float64 as two
+  float32), ``s_x``, and the row's first ``W`` values and global ids.
+* ``_merge_kernel`` (one program per row): the round-1 merge of
+  :func:`.graph_step.merge_round1_torch` for one-hot drafts: candidates of all
+  ranks sorted once, the min-p / top-k / top-p cut with its certificate, and the
+  kept set's log-sum-exp, ``s_x`` and Gumbel-max (draft excluded).
+
+Keys: ``ordered(value) * 2**32 + (2**31 - 1 - id)`` where ``ordered`` is the
+order-preserving int32 image of the float32 value, so a descending sort gives
+(value desc, id asc); ids are below ``2**24``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_kernels import _LAUNCH_LOCK, _draft_col, _gumbel, _row_keys
+from .hashing import DOMAIN_GUMBEL
+
+_DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
+_SENT = tl.constexpr(-(2**63) + 1)
+
+
+@triton.jit
+def _key(s, gid):
+    bits = s.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return ordered.to(tl.int64) * 4294967296 + (2147483647 - gid.to(tl.int64))
+
+
+@triton.jit
+def _unkey(k):
+    ordered = (k >> 32).to(tl.int32)
+    bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
+    val = bits.to(tl.float32, bitcast=True)
+    gid = 2147483647 - (k & 0xFFFFFFFF)
+    val = tl.where(k == _SENT, float("-inf"), val)
+    gid = tl.where(k == _SENT, -1, gid)
+    return val, gid
+
+
+@triton.jit
+def _cand_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr, seed_ptr, pos_ptr,
+                 part_keys_ptr, part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr,
+                 n_valid, col_offset, nsplit,
+                 EXCLUDE: tl.constexpr, C: tl.constexpr, W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    temp = tl.load(temp_ptr + row)
+    sampling = temp != 0.0
+    safe_t = tl.where(sampling, temp, 1.0)
+    cols = split * C + tl.arange(0, C)
+    ok = cols < n_valid
+    z = tl.load(logits_ptr + row * logits_stride + cols, mask=ok, other=float("-inf"))
+    s = tl.where(ok, tl.div_rn(z.to(tl.float32), safe_t), float("-inf"))
+    m = tl.max(s, axis=0)
+    fin = m > float("-inf")
+    safe_m = tl.where(fin, m, 0.0).to(tl.float64)
+    e = tl.where(s > float("-inf"), tl.exp(s.to(tl.float64) - safe_m), 0.0)
+    se = tl.sum(e, axis=0)
+    dcol = _draft_col(draft_ptr, row, col_offset, n_valid)
+    if sampling:
+        h1, h2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), _DOM_GUMBEL)
+        g = _gumbel(h1, h2, cols + col_offset)
+        keep = s > float("-inf")
+        if EXCLUDE:
+            keep = keep & (cols != dcol)
+        sc = tl.where(keep, s + g, float("-inf"))
+    else:
+        sc = s
+    bv, bi = tl.max(sc, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    p = row * nsplit + split
+    tl.store(part_m_ptr + p, m)
+    tl.store(part_se_ptr + p, se)
+    tl.store(part_gv_ptr + p, bv)
+    tl.store(part_gi_ptr + p, (split * C + bi).to(tl.int32))
+    if W > 0:
+        keys = tl.where(ok, _key(s, cols + col_offset), _SENT)
+        keys = tl.sort(keys, dim=0, descending=True)
+        offs = tl.arange(0, C)
+        tl.store(part_keys_ptr + p * W + offs, keys, mask=offs < W)
+
+
+@triton.jit
+def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
+                       part_keys_ptr, part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr,
+                       out_ptr, out_stride, n_valid, col_offset, nsplit,
+                       PSPLIT: tl.constexpr, PK: tl.constexpr, W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temp_ptr + row)
+    sampling = temp != 0.0
+    safe_t = tl.where(sampling, temp, 1.0)
+    offs = tl.arange(0, PSPLIT)
+    okp = offs < nsplit
+    p = row * nsplit + offs
+    m = tl.load(part_m_ptr + p, mask=okp, other=float("-inf"))
+    se = tl.load(part_se_ptr + p, mask=okp, other=0.0)
+    gv = tl.load(part_gv_ptr + p, mask=okp, other=float("-inf"))
+    gi = tl.load(part_gi_ptr + p, mask=okp, other=0)
+    big = tl.max(m, axis=0)
+    fin = big > float("-inf")
+    safe = tl.where(fin, big, 0.0).to(tl.float64)
+    tot = tl.sum(tl.where(m > float("-inf"), se * tl.exp(m.to(tl.float64) - safe), 0.0), axis=0)
+    lse = tl.where(fin, safe + tl.log(tl.maximum(tot, 1e-300)), float("-inf"))
+    lse = tl.where(sampling, lse, float("-inf"))
+    hi = lse.to(tl.float32)
+    lo = tl.where(hi > float("-inf"), (lse - hi.to(tl.float64)).to(tl.float32), 0.0)
+    bv, bs = tl.max(gv, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    bi = tl.sum(tl.where(offs == bs, gi, 0), axis=0)
+    dcol = _draft_col(draft_ptr, row, col_offset, n_valid)
+    sx = tl.full((), float("-inf"), tl.float32)
+    if (dcol >= 0) & sampling:
+        zx = tl.load(logits_ptr + row * logits_stride + dcol).to(tl.float32)
+        sx = tl.div_rn(zx, safe_t)
+    base = out_ptr + row * out_stride
+    tl.store(base + 0, bv)
+    tl.store(base + 1, (bi + col_offset).to(tl.float32))
+    tl.store(base + 2, hi)
+    tl.store(base + 3, lo)
+    tl.store(base + 4, sx)
+    if W > 0:
+        ko = tl.arange(0, PK)
+        keys = tl.load(part_keys_ptr + row * nsplit * W + ko, mask=ko < nsplit * W, other=_SENT)
+        keys = tl.sort(keys, dim=0, descending=True)
+        val, gid = _unkey(keys)
+        tl.store(base + 5 + ko, val, mask=ko < W)
+        tl.store(base + 5 + W + ko, gid.to(tl.float32), mask=ko < W)
+
+
+def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
+    """Triton version of :func:`.graph_step.round1_payload_torch`."""
+    from .kernels import shard_local_stats_triton
+
+    R, S = logits_shard.shape
+    dev = logits_shard.device
+    n_valid = max(0, min(S, vocab_size - col_offset))
+    exclude = q_full is None
+    if plan.all_greedy:
+        return shard_local_stats_triton(logits_shard, inp.temperature, None, inp.draft,
+                                        inp.seeds, inp.positions, col_offset, vocab_size,
+                                        exclude, 2)
+    if logits_shard.stride(1) != 1:
+        logits_shard = logits_shard.contiguous()
+    W = plan.candidates
+    C = 1024 if R * 20 >= 64 or W > 512 else 512
+    C = max(C, triton.next_power_of_2(max(W, 1)))
+    nsplit = max(1, -(-max(n_valid, 1) // C))
+    out = torch.empty((R, plan.round1_width), dtype=torch.float32, device=dev)
+    pk = torch.empty((R, nsplit, max(W, 1)), dtype=torch.int64, device=dev)
+    pm = torch.empty((R, nsplit), dtype=torch.float32, device=dev)
+    pse = torch.empty((R, nsplit), dtype=torch.float64, device=dev)
+    pgv = torch.empty_like(pm)
+    pgi = torch.empty((R, nsplit), dtype=torch.int32, device=dev)
+    temp = inp.temperature.contiguous()
+    draft = inp.draft.contiguous()
+    with _LAUNCH_LOCK:
+        _cand_kernel[(R, nsplit)](logits_shard, logits_shard.stride(0), temp, draft,
+                                  inp.seeds.contiguous(), inp.positions.contiguous(),
+                                  pk, pm, pse, pgv, pgi, n_valid, col_offset, nsplit,
+                                  EXCLUDE=exclude, C=C, W=W, num_warps=4)
+    with _LAUNCH_LOCK:
+        _cand_merge_kernel[(R,)](logits_shard, logits_shard.stride(0), temp, draft,
+                                 pk, pm, pse, pgv, pgi, out, out.stride(0), n_valid, col_offset,
+                                 nsplit, PSPLIT=triton.next_power_of_2(nsplit),
+                                 PK=triton.next_power_of_2(max(nsplit * W, 1)), W=W,
+                                 num_warps=4)
+    if q_full is not None:
+        from .graph_step import _logq_at
+
+        out[:, 4] -= _logq_at(q_full, inp.draft[:, None], vocab_size)[:, 0]
+    return out
+
+
+@triton.jit
+def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
+                  temp_ptr, topk_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
+                  gval_ptr, gidx_ptr, lse_ptr, sx_ptr, unc_ptr, margin_ptr,
+                  TP: tl.constexpr, PTP: tl.constexpr, W: tl.constexpr, PN: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    ranks = tl.arange(0, PTP)
+    okr = ranks < TP
+    base = g_ptr + ranks.to(tl.int64) * rank_stride + row * row_stride
+    gv = tl.load(base + 0, mask=okr, other=float("-inf"))
+    gi = tl.load(base + 1, mask=okr, other=float("inf"))
+    best = tl.max(gv, axis=0)
+    tokf = tl.min(tl.where(gv == best, gi, float("inf")), axis=0)
+    tokf = tl.where(tokf == float("inf"), tl.min(gi, axis=0), tokf)
+    hi = tl.load(base + 2, mask=okr, other=float("-inf"))
+    lo = tl.load(base + 3, mask=okr, other=0.0)
+    l64 = hi.to(tl.float64) + lo.to(tl.float64)
+    mx = tl.max(l64, axis=0)
+    fin = mx > float("-inf")
+    safe = tl.where(fin, mx, 0.0)
+    tot = tl.sum(tl.where(l64 > float("-inf"), tl.exp(l64 - safe), 0.0), axis=0)
+    lse_all = tl.where(fin, safe + tl.log(tl.maximum(tot, 1e-300)), float("-inf"))
+    sxm = tl.max(tl.load(base + 4, mask=okr, other=float("-inf")), axis=0)
+    temp = tl.load(temp_ptr + row)
+    k = tl.load(topk_ptr + row)
+    mp = tl.load(minp_ptr + row)
+    tp = tl.load(topp_ptr + row).to(tl.float64)
+    x = tl.load(draft_ptr + row)
+    has_cut = (temp != 0.0) & ((k > 0) | (mp > 0.0) | (tp < 1.0))
+    out_gv = best
+    out_gi = tokf.to(tl.int64)
+    out_lse = lse_all.to(tl.float32)
+    out_sx = sxm
+    unc = tl.full((), 0, tl.int32)
+    margin = tl.full((), float("nan"), tl.float64)
+    if has_cut:
+        offs = tl.arange(0, PN)
+        r = offs // W
+        j = offs % W
+        okc = offs < TP * W
+        cptr = g_ptr + r.to(tl.int64) * rank_stride + row * row_stride
+        vals = tl.load(cptr + 5 + j, mask=okc, other=float("-inf"))
+        gids = tl.load(cptr + 5 + W + j, mask=okc, other=-1.0).to(tl.int64)
+        keys = tl.where(vals > float("-inf"), _key(vals, gids), _SENT)
+        skeys = tl.sort(keys, dim=0, descending=True)
+        sv, sid = _unkey(skeys)
+        pos = offs
+        finite = sv > float("-inf")
+        # exact prefix: up to the first full rank's last sent entry
+        exact_len = TP * W + 1
+        for rr in tl.static_range(TP):
+            lv = tl.load(g_ptr + rr * rank_stride + row * row_stride + 5 + W - 1)
+            lg = tl.load(g_ptr + rr * rank_stride + row * row_stride + 5 + 2 * W - 1).to(tl.int64)
+            full = (lv > float("-inf")) & (W < tl.load(rank_valid_ptr + rr))
+            cnt = tl.sum((skeys >= _key(lv, lg)).to(tl.int32), axis=0)
+            exact_len = tl.where(full, tl.minimum(exact_len, cnt), exact_len)
+        top = tl.max(sv, axis=0)
+        cutv = tl.where(mp > 0.0, top + tl.log(tl.where(mp > 0.0, mp, 1.0)), float("-inf"))
+        n_minp = tl.sum((finite & (sv >= cutv)).to(tl.int32), axis=0)
+        has_k = k > 0
+        n_kept = tl.where(has_k, tl.minimum(n_minp, k.to(tl.int32)), n_minp)
+        bounded = has_k | (mp > 0.0)
+        nucleus = tp < 1.0
+        known = has_k | (n_minp < exact_len)
+        certified = known
+        if nucleus:
+            cand = tl.where(bounded, pos < n_kept, finite)
+            w = tl.where(cand, sv.to(tl.float64), float("-inf"))
+            wm = tl.max(w, axis=0)
+            wsafe = tl.where(wm > float("-inf"), wm, 0.0)
+            lse_u = wsafe + tl.log(tl.sum(tl.where(cand, tl.exp(w - wsafe), 0.0), axis=0))
+            norm = tl.where(bounded, lse_u, lse_all)
+            prob = tl.where(cand, tl.exp(w - norm), 0.0)
+            cum = tl.cumsum(prob, axis=0)
+            before = cum - prob
+            n_nuc = tl.maximum(tl.sum((cand & (before < tp)).to(tl.int32), axis=0), 1)
+            through = tl.sum(tl.where(pos == n_nuc - 1, cum, 0.0), axis=0)
+            bef = tl.sum(tl.where(pos == n_nuc - 1, before, 0.0), axis=0)
+            walk_ok = (exact_len == TP * W + 1) | ((through >= tp) & (n_nuc <= exact_len))
+            certified = tl.where(bounded, known, walk_ok)
+            up = tl.where(through >= tp, through - tp, float("inf"))
+            margin = tl.minimum(tp - bef, up)
+            n_kept = n_nuc
+        kept = (pos < n_kept) & finite
+        ks = tl.where(kept, sv, float("-inf"))
+        km = tl.max(ks, axis=0)
+        out_lse = km + tl.log(tl.sum(tl.where(kept, tl.exp(ks - km), 0.0), axis=0))
+        is_x = (sid == x) & (x >= 0)
+        out_sx = tl.max(tl.where(kept & is_x, sv, float("-inf")), axis=0)
+        h1, h2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), _DOM_GUMBEL)
+        sc = tl.where(kept & ~is_x, sv + _gumbel(h1, h2, tl.maximum(sid, 0)), float("-inf"))
+        out_gv = tl.max(sc, axis=0)
+        big = 2**62
+        out_gi = tl.min(tl.where(sc == out_gv, sid, big), axis=0)
+        out_gi = tl.where(out_gi == big, -1, out_gi)
+        unc = tl.where(certified, 0, 1)
+    tl.store(gval_ptr + row, out_gv)
+    tl.store(gidx_ptr + row, out_gi)
+    tl.store(lse_ptr + row, out_lse)
+    tl.store(sx_ptr + row, out_sx)
+    tl.store(unc_ptr + row, unc.to(tl.int8))
+    tl.store(margin_ptr + row, margin)
+
+
+def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
+    """Triton version of :func:`.graph_step.merge_round1_torch` (probabilistic drafts and
+    all-greedy steps use the torch merge: their merge is a handful of ops)."""
+    from .graph_step import Merged, merge_round1_torch
+
+    if q_full is not None or plan.all_greedy:
+        return merge_round1_torch(g, inp, plan, vocab_size, rank_valid, q_full)
+    TP, R, P1 = g.shape
+    if g.stride(2) != 1:
+        g = g.contiguous()
+    dev = g.device
+    gval = torch.empty(R, dtype=torch.float32, device=dev)
+    gidx = torch.empty(R, dtype=torch.int64, device=dev)
+    lse = torch.empty_like(gval)
+    sx = torch.empty_like(gval)
+    unc = torch.empty(R, dtype=torch.int8, device=dev)
+    margin = torch.empty(R, dtype=torch.float64, device=dev)
+    W = max(plan.candidates, 1)
+    with _LAUNCH_LOCK:
+        _merge_kernel[(R,)](g, g.stride(0), g.stride(1), rank_valid.contiguous(),
+                            inp.temperature.contiguous(), inp.top_k.contiguous(),
+                            inp.min_p.contiguous(), inp.top_p.contiguous(),
+                            inp.draft.contiguous(), inp.seeds.contiguous(),
+                            inp.positions.contiguous(),
+                            gval, gidx, lse, sx, unc, margin,
+                            TP=TP, PTP=triton.next_power_of_2(TP), W=W,
+                            PN=triton.next_power_of_2(TP * W), num_warps=4)
+    none = torch.full((R,), -1, dtype=torch.int64, device=dev)
+    return Merged(gval, gidx, lse, sx, none, unc.bool(), margin, None)
