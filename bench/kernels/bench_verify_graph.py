@@ -82,7 +82,7 @@ def make_batch(z: torch.Tensor, k: int, mode: dict, gen: torch.Generator):
     from vllm_kimi_ext.verify import VerifyBatch
 
     n = z.shape[0] // (k + 1)
-    zz = z[: n * (k + 1)].float()
+    zz = z[: n * (k + 1)].float().cpu()
     t = mode["temperature"]
     probs = torch.softmax(zz / (t if t > 0 else 1.0), dim=1)
     sampled = torch.multinomial(probs, 1, generator=gen).squeeze(1)
@@ -237,7 +237,8 @@ def reference_check(z, b, out) -> dict:
 def run(args) -> dict:
     gen = torch.Generator().manual_seed(0)
     if args.logits:
-        real = torch.load(args.logits).to(torch.bfloat16)
+        obj = torch.load(args.logits)
+        real = (obj["logits_bf16"] if isinstance(obj, dict) else obj).to(torch.bfloat16)
         source = f"real rows ({args.logits.name}, {real.shape[0]} x {real.shape[1]})"
     else:
         real = synthetic_rows(512, gen)

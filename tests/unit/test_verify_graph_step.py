@@ -277,3 +277,21 @@ def test_reference_verifier_is_the_oracle():
         mass += float(p[i])
     assert set(keep[0].nonzero().squeeze(1).tolist()) == set(kept)
     assert ReferenceVerifier(v).vocab_size == v and not math.isnan(top_p)
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+@pytest.mark.parametrize("temps", ["greedy", "temperature", "mixed"])
+def test_stats_only_plans(tp, temps):
+    """No cut, one-hot drafts: one round of (gval, gidx[, lse, s_x]) and the decision."""
+    g = torch.Generator().manual_seed(17 + tp)
+    n = 40
+    t = {"greedy": torch.zeros(n), "temperature": torch.rand(n, generator=g) + 0.3,
+         "mixed": torch.where(torch.rand(n, generator=g) < 0.5, 0.0,
+                              torch.rand(n, generator=g) + 0.3)}[temps]
+    b = VerifyBatch.from_draft_tokens(torch.randint(0, V, (n, 3), generator=g), t,
+                                      torch.arange(n))
+    z = _logits(g, b, "random")
+    _, group, plan, _ = check_graph_step(z, b, V, tp)
+    assert plan.stats_only and len(plan.rounds) == 1
+    assert plan.round1_width == (2 if temps == "greedy" else 4)
+    _plan_matches_calls(group, plan)

@@ -23,10 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_kernels import _LAUNCH_LOCK, _draft_col, _gumbel, _row_keys
-from .hashing import DOMAIN_GUMBEL
+from ._triton_kernels import _LAUNCH_LOCK, _draft_col, _element_hash, _gumbel, _row_keys, _uniform
+from .hashing import DOMAIN_ACCEPT, DOMAIN_GUMBEL
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
+_DOM_ACCEPT = tl.constexpr(DOMAIN_ACCEPT)
 _SENT = tl.constexpr(-(2**63) + 1)
 
 
@@ -52,7 +53,7 @@ def _unkey(k):
 def _cand_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr, seed_ptr, pos_ptr,
                  part_keys_ptr, part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr,
                  n_valid, col_offset, nsplit,
-                 EXCLUDE: tl.constexpr, C: tl.constexpr, W: tl.constexpr):
+                 EXCLUDE: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
@@ -85,16 +86,17 @@ def _cand_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr, seed_ptr, pos_p
     tl.store(part_gi_ptr + p, (split * C + bi).to(tl.int32))
     if W > 0:
         keys = tl.where(ok, _key(s, cols + col_offset), _SENT)
-        keys = tl.sort(keys, dim=0, descending=True)
-        offs = tl.arange(0, C)
-        tl.store(part_keys_ptr + p * W + offs, keys, mask=offs < W)
+        top = tl.topk(keys, KP)
+        offs = tl.arange(0, KP)
+        tl.store(part_keys_ptr + p * W + offs, top, mask=offs < W)
 
 
 @triton.jit
 def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
                        part_keys_ptr, part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr,
                        out_ptr, out_stride, n_valid, col_offset, nsplit,
-                       PSPLIT: tl.constexpr, PK: tl.constexpr, W: tl.constexpr):
+                       PSPLIT: tl.constexpr, PK: tl.constexpr, W: tl.constexpr,
+                       KP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     temp = tl.load(temp_ptr + row)
     sampling = temp != 0.0
@@ -130,10 +132,11 @@ def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
     if W > 0:
         ko = tl.arange(0, PK)
         keys = tl.load(part_keys_ptr + row * nsplit * W + ko, mask=ko < nsplit * W, other=_SENT)
-        keys = tl.sort(keys, dim=0, descending=True)
-        val, gid = _unkey(keys)
-        tl.store(base + 5 + ko, val, mask=ko < W)
-        tl.store(base + 5 + W + ko, gid.to(tl.float32), mask=ko < W)
+        top = tl.topk(keys, KP)
+        val, gid = _unkey(top)
+        kk = tl.arange(0, KP)
+        tl.store(base + 5 + kk, val, mask=kk < W)
+        tl.store(base + 5 + W + kk, gid.to(tl.float32), mask=kk < W)
 
 
 def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
@@ -151,9 +154,10 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
     if logits_shard.stride(1) != 1:
         logits_shard = logits_shard.contiguous()
     W = plan.candidates
-    C = 1024 if R * 20 >= 64 or W > 512 else 512
-    C = max(C, triton.next_power_of_2(max(W, 1)))
+    C = max(2048, triton.next_power_of_2(max(W, 1)))
     nsplit = max(1, -(-max(n_valid, 1) // C))
+    KP = triton.next_power_of_2(max(W, 1))
+    PK = max(triton.next_power_of_2(max(nsplit * W, 1)), KP)
     out = torch.empty((R, plan.round1_width), dtype=torch.float32, device=dev)
     pk = torch.empty((R, nsplit, max(W, 1)), dtype=torch.int64, device=dev)
     pm = torch.empty((R, nsplit), dtype=torch.float32, device=dev)
@@ -166,13 +170,12 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
         _cand_kernel[(R, nsplit)](logits_shard, logits_shard.stride(0), temp, draft,
                                   inp.seeds.contiguous(), inp.positions.contiguous(),
                                   pk, pm, pse, pgv, pgi, n_valid, col_offset, nsplit,
-                                  EXCLUDE=exclude, C=C, W=W, num_warps=4)
+                                  EXCLUDE=exclude, C=C, W=W, KP=KP, num_warps=8)
     with _LAUNCH_LOCK:
         _cand_merge_kernel[(R,)](logits_shard, logits_shard.stride(0), temp, draft,
                                  pk, pm, pse, pgv, pgi, out, out.stride(0), n_valid, col_offset,
                                  nsplit, PSPLIT=triton.next_power_of_2(nsplit),
-                                 PK=triton.next_power_of_2(max(nsplit * W, 1)), W=W,
-                                 num_warps=4)
+                                 PK=PK, W=W, KP=KP, num_warps=8)
     if q_full is not None:
         from .graph_step import _logq_at
 
@@ -310,6 +313,316 @@ def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
                             inp.positions.contiguous(),
                             gval, gidx, lse, sx, unc, margin,
                             TP=TP, PTP=triton.next_power_of_2(TP), W=W,
-                            PN=triton.next_power_of_2(TP * W), num_warps=4)
+                            PN=triton.next_power_of_2(TP * W), num_warps=8)
     none = torch.full((R,), -1, dtype=torch.int64, device=dev)
     return Merged(gval, gidx, lse, sx, none, unc.bool(), margin, None)
+
+
+# ---------------------------------------------------------------------------
+# decision (one program per request) and the exact cut of escalated rows
+# ---------------------------------------------------------------------------
+@triton.jit
+def _decide_merged_kernel(cu_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr,
+                          gidx_ptr, lse_ptr, sx_ptr, res_ptr, defer_ptr,
+                          sampled_ptr, max_len, num_sampled_ptr, drow_ptr, margin_ptr,
+                          stopped_ptr, vocab_size,
+                          PROB: tl.constexpr, PLEN: tl.constexpr):
+    req = tl.program_id(0)
+    start = tl.load(cu_ptr + req)
+    n = tl.load(cu_ptr + req + 1) - start
+    jj = tl.arange(0, PLEN)
+    jm = jj < n
+    rows = start + jj
+    draft = tl.load(draft_ptr + rows, mask=jm, other=-1)
+    temp = tl.load(temp_ptr + rows, mask=jm, other=0.0)
+    tok = tl.load(gidx_ptr + rows, mask=jm, other=-1)
+    lse = tl.load(lse_ptr + rows, mask=jm, other=float("-inf"))
+    sx = tl.load(sx_ptr + rows, mask=jm, other=float("-inf"))
+    dfr = tl.load(defer_ptr + rows, mask=jm, other=0) != 0
+    valid = (draft >= 0) & (draft < vocab_size)
+    greedy = temp == 0.0
+    seed = tl.load(seed_ptr + rows, mask=jm, other=0)
+    pos = tl.load(pos_ptr + rows, mask=jm, other=0)
+    h1, h2 = _row_keys(seed, pos, _DOM_ACCEPT)
+    u = _uniform(_element_hash(h1, h2, tl.zeros_like(jj)))
+    margin = (sx - lse) - tl.log(u)
+    acc = tl.where(greedy, valid & (tok == draft), valid & (margin > 0.0))
+    margin = tl.where(greedy, float("nan"), margin)
+    acc = acc & (jj < n - 1) & ~dfr
+    n_acc = tl.min(tl.where(jm, tl.where(acc, PLEN, jj), PLEN), axis=0)
+    dec = start + n_acc
+    stop = tl.sum(tl.where((jj == n_acc) & dfr & jm, 1, 0), axis=0) > 0
+    dtok = tl.sum(tl.where(jj == n_acc, tok, 0), axis=0)
+    if PROB:
+        res = tl.load(res_ptr + rows, mask=jm, other=-1)
+        use = (res >= 0) & valid & ~greedy
+        dres = tl.sum(tl.where((jj == n_acc) & use, res, 0), axis=0)
+        has = tl.sum(tl.where((jj == n_acc) & use, 1, 0), axis=0) > 0
+        dtok = tl.where(has, dres, dtok)
+    emitted = n_acc + tl.where(stop, 0, 1)
+    out = tl.where(jj < n_acc, draft, tl.where((jj == n_acc) & ~stop, dtok, -1))
+    tl.store(sampled_ptr + req * max_len + jj, out, mask=jj < max_len)
+    tl.store(num_sampled_ptr + req, emitted.to(tl.int32))
+    tl.store(drow_ptr + req, dec)
+    tl.store(stopped_ptr + req, stop.to(tl.int8))
+    tl.store(margin_ptr + rows, margin, mask=jm)
+
+
+def decide_merged(merged, deferred, inp, plan, vocab_size):
+    """Triton version of :func:`.graph_step.decide_merged_torch`."""
+    dev = merged.gidx.device
+    Q, Lmax = plan.num_reqs, plan.max_rows_per_req
+    sampled = torch.empty((Q, Lmax), dtype=torch.int64, device=dev)
+    num_sampled = torch.empty(Q, dtype=torch.int32, device=dev)
+    drow = torch.empty(Q, dtype=torch.int64, device=dev)
+    stopped = torch.empty(Q, dtype=torch.int8, device=dev)
+    margin = torch.empty(plan.num_rows, dtype=torch.float32, device=dev)
+    with _LAUNCH_LOCK:
+        _decide_merged_kernel[(Q,)](
+            inp.cu_num_rows, inp.draft, inp.temperature, inp.seeds, inp.positions,
+            merged.gidx, merged.lse, merged.sx, merged.res_tok, deferred.to(torch.int8),
+            sampled, Lmax, num_sampled, drow, margin, stopped, vocab_size,
+            PROB=plan.probabilistic, PLEN=triton.next_power_of_2(Lmax), num_warps=1)
+    return sampled, num_sampled, drow, margin, stopped.bool()
+
+
+@triton.jit
+def _exact_cut_kernel(full_ptr, full_stride, n_cols, temp_ptr, minp_ptr, topp_ptr, real_ptr,
+                      thr_ptr, tie_ptr, margin_ptr, BLOCK: tl.constexpr):
+    """The exact min-p / top-p cut of one whole row (top-k rows are never escalated):
+    the value of the last kept token by bisection on the order-preserving int32 image of
+    the float32 value (mass strictly above a key, float64), then the tied tokens kept in
+    id order. Unused slots return at once."""
+    slot = tl.program_id(0).to(tl.int64)
+    if tl.load(real_ptr + slot) == 0:
+        return
+    t = tl.load(temp_ptr + slot)
+    mp = tl.load(minp_ptr + slot)
+    tp = tl.load(topp_ptr + slot).to(tl.float64)
+    base = full_ptr + slot * full_stride
+    offs = tl.arange(0, BLOCK)
+    m = tl.full((), float("-inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        c = start + offs
+        s = tl.div_rn(tl.load(base + c, mask=c < n_cols, other=float("-inf")).to(tl.float32), t)
+        m = tl.maximum(m, tl.max(s, axis=0))
+    cut = tl.where(mp > 0.0, m + tl.log(tl.where(mp > 0.0, mp, 1.0)), float("-inf"))
+    if tp >= 1.0:  # min-p alone: a value cut, every tie kept
+        tl.store(thr_ptr + slot, cut)
+        tl.store(tie_ptr + slot, n_cols)
+        tl.store(margin_ptr + slot, float("nan"))
+        return
+    z = tl.zeros((), tl.float64)
+    for start in range(0, n_cols, BLOCK):
+        c = start + offs
+        s = tl.div_rn(tl.load(base + c, mask=c < n_cols, other=float("-inf")).to(tl.float32), t)
+        ok = (s >= cut) & (s > float("-inf"))
+        z += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m.to(tl.float64)), 0.0), axis=0)
+    target = tp * z
+    # smallest key k with mass(key > k) < target; keys of finite values lie in [lo, hi]
+    mbits = m.to(tl.int32, bitcast=True)
+    hi = (mbits ^ ((mbits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+    lo = tl.full((), -2139095041, tl.int64)  # below the key of -FLT_MAX
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        acc = tl.zeros((), tl.float64)
+        for start in range(0, n_cols, BLOCK):
+            c = start + offs
+            s = tl.div_rn(tl.load(base + c, mask=c < n_cols,
+                                  other=float("-inf")).to(tl.float32), t)
+            b = s.to(tl.int32, bitcast=True)
+            key = b ^ ((b >> 31) & 0x7FFFFFFF)
+            ok = (s >= cut) & (s > float("-inf")) & (key > mid)
+            acc += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m.to(tl.float64)), 0.0), axis=0)
+        if acc < target:
+            hi = mid
+        else:
+            lo = mid + 1
+    lo32 = lo.to(tl.int32)
+    kb = lo32 ^ ((lo32 >> 31) & 0x7FFFFFFF)
+    v = kb.to(tl.float32, bitcast=True)
+    # mass strictly above v, then the tied tokens (id order) until the mass reaches target
+    above = tl.zeros((), tl.float64)
+    for start in range(0, n_cols, BLOCK):
+        c = start + offs
+        s = tl.div_rn(tl.load(base + c, mask=c < n_cols, other=float("-inf")).to(tl.float32), t)
+        ok = (s >= cut) & (s > v)
+        above += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m.to(tl.float64)), 0.0), axis=0)
+    wv = tl.exp(v.to(tl.float64) - m.to(tl.float64))
+    # keep tied token i (1-based) iff above + (i - 1) * wv < target
+    need = tl.maximum(tl.ceil((target - above) / wv), 1.0)
+    seen = tl.zeros((), tl.int64)
+    tie = tl.full((), -1, tl.int64)
+    before = above
+    for start in range(0, n_cols, BLOCK):
+        c = start + offs
+        s = tl.div_rn(tl.load(base + c, mask=c < n_cols, other=float("-inf")).to(tl.float32), t)
+        eq = (s == v).to(tl.int64)
+        rank = seen + tl.cumsum(eq, axis=0)
+        hit = (eq == 1) & (rank.to(tl.float64) == need)
+        tie = tl.maximum(tie, tl.max(tl.where(hit, c.to(tl.int64), -1), axis=0))
+        seen += tl.sum(eq, axis=0)
+    kept_last = tl.minimum(need, seen.to(tl.float64))
+    before = above + (kept_last - 1.0) * wv
+    through = before + wv
+    up = tl.where(through >= target, (through - target) / z, float("inf"))
+    tl.store(thr_ptr + slot, v)
+    tl.store(tie_ptr + slot, tl.where(tie >= 0, tie, n_cols))
+    tl.store(margin_ptr + slot, tl.minimum((target - before) / z, up))
+
+
+def exact_cut_rows(full, temperature, min_p, top_p, real):
+    E, n = full.shape
+    dev = full.device
+    thr = torch.full((E,), float("inf"), dtype=torch.float32, device=dev)
+    tie = torch.full((E,), -1, dtype=torch.int64, device=dev)
+    margin = torch.full((E,), float("nan"), dtype=torch.float64, device=dev)
+    if full.stride(1) != 1:
+        full = full.contiguous()
+    with _LAUNCH_LOCK:
+        _exact_cut_kernel[(E,)](full, full.stride(0), n, temperature.contiguous(),
+                                min_p.contiguous(), top_p.contiguous(),
+                                real.to(torch.int8).contiguous(), thr, tie, margin,
+                                BLOCK=4096, num_warps=8)
+    return thr, tie, margin
+
+
+@triton.jit
+def _row_val(g_ptr, rank_stride, slot_off, S, c, n_cols, t):
+    """``s = z / T`` of whole-row columns ``c`` read straight from the gathered
+    ``[TP, E, S]`` shards (rank ``c // S``, local column ``c % S``)."""
+    r = c // S
+    ok = c < n_cols
+    z = tl.load(g_ptr + r.to(tl.int64) * rank_stride + slot_off + (c - r * S), mask=ok,
+                other=float("-inf"))
+    return tl.where(ok, tl.div_rn(z.to(tl.float32), t), float("-inf"))
+
+
+@triton.jit
+def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_ptr,
+                     temp_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
+                     gval_ptr, gidx_ptr, lse_ptr, sx_ptr, margin_ptr, defer_ptr,
+                     BLOCK: tl.constexpr):
+    """One escalated row (one-hot drafts): its exact min-p / top-p cut from the whole row
+    (top-k rows are always certified, never escalated), then the row's statistics under
+    that cut, written over the round-1 merge; unused slots return at once.
+
+    The cut: the value ``v`` of the last kept token by bisection on the order-preserving
+    int64 image of the float32 value (float64 mass strictly above a key against
+    ``top_p`` x the candidate mass), then the tokens tied at ``v`` kept in id order."""
+    slot = tl.program_id(0).to(tl.int64)
+    if tl.load(real_ptr + slot) == 0:
+        return
+    row = tl.load(idx_ptr + slot)
+    so = slot * slot_stride
+    t = tl.load(temp_ptr + row)
+    mp = tl.load(minp_ptr + row)
+    tp = tl.load(topp_ptr + row).to(tl.float64)
+    offs = tl.arange(0, BLOCK)
+    m = tl.full((), float("-inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        m = tl.maximum(m, tl.max(_row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t),
+                                 axis=0))
+    m64 = m.to(tl.float64)
+    cut = tl.where(mp > 0.0, m + tl.log(tl.where(mp > 0.0, mp, 1.0)), float("-inf"))
+    thr = cut
+    tie = n_cols.to(tl.int64)
+    margin = tl.full((), float("nan"), tl.float64)
+    if tp < 1.0:
+        z = tl.zeros((), tl.float64)
+        for start in range(0, n_cols, BLOCK):
+            s = _row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t)
+            ok = (s >= cut) & (s > float("-inf"))
+            z += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m64), 0.0), axis=0)
+        target = tp * z
+        mbits = m.to(tl.int32, bitcast=True)
+        hi = (mbits ^ ((mbits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+        lo = tl.full((), -2139095041, tl.int64)  # below the key of -FLT_MAX
+        while lo < hi:
+            mid = lo + ((hi - lo) >> 1)
+            acc = tl.zeros((), tl.float64)
+            for start in range(0, n_cols, BLOCK):
+                s = _row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t)
+                b = s.to(tl.int32, bitcast=True)
+                key = (b ^ ((b >> 31) & 0x7FFFFFFF)).to(tl.int64)
+                ok = (s >= cut) & (s > float("-inf")) & (key > mid)
+                acc += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m64), 0.0), axis=0)
+            if acc < target:
+                hi = mid
+            else:
+                lo = mid + 1
+        lo32 = lo.to(tl.int32)
+        v = (lo32 ^ ((lo32 >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        above = tl.zeros((), tl.float64)
+        for start in range(0, n_cols, BLOCK):
+            s = _row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t)
+            ok = (s >= cut) & (s > v)
+            above += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m64), 0.0), axis=0)
+        wv = tl.exp(v.to(tl.float64) - m64)
+        # tied token i (1-based, id order) is kept iff above + (i - 1) * wv < target
+        need = tl.maximum(tl.ceil((target - above) / wv), 1.0)
+        seen = tl.zeros((), tl.int64)
+        tie = tl.full((), -1, tl.int64)
+        for start in range(0, n_cols, BLOCK):
+            c = start + offs
+            s = _row_val(g_ptr, rank_stride, so, S, c, n_cols, t)
+            eq = (s == v).to(tl.int64)
+            rank = seen + tl.cumsum(eq, axis=0)
+            hit = (eq == 1) & (rank.to(tl.float64) == need)
+            tie = tl.maximum(tie, tl.max(tl.where(hit, c.to(tl.int64), -1), axis=0))
+            seen += tl.sum(eq, axis=0)
+        kept_last = tl.minimum(need, seen.to(tl.float64))
+        before = above + (kept_last - 1.0) * wv
+        through = before + wv
+        up = tl.where(through >= target, (through - target) / z, float("inf"))
+        margin = tl.minimum((target - before) / z, up)
+        tie = tl.where(tie >= 0, tie, n_cols.to(tl.int64))
+        thr = v
+    # statistics of the row under the cut (as _stats_kernel, one program)
+    x = tl.load(draft_ptr + row)
+    h1, h2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), _DOM_GUMBEL)
+    mm = tl.full((), float("-inf"), tl.float32)
+    se = tl.zeros((), tl.float32)
+    best_v = tl.full((), float("-inf"), tl.float32)
+    best_i = tl.full((), -1, tl.int64)
+    sx = tl.full((), float("-inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        c = start + offs
+        s = _row_val(g_ptr, rank_stride, so, S, c, n_cols, t)
+        keep = (s > thr) | ((s == thr) & (c.to(tl.int64) <= tie))
+        s = tl.where(keep & (s > float("-inf")), s, float("-inf"))
+        bm = tl.max(s, axis=0)
+        m_new = tl.maximum(mm, bm)
+        fin = m_new > float("-inf")
+        se = se * tl.where(fin, tl.exp(mm - m_new), 0.0) + tl.where(
+            fin, tl.sum(tl.exp(s - m_new), axis=0), 0.0)
+        mm = m_new
+        sx = tl.maximum(sx, tl.max(tl.where(c.to(tl.int64) == x, s, float("-inf")), axis=0))
+        sc = tl.where((s > float("-inf")) & (c.to(tl.int64) != x), s + _gumbel(h1, h2, c),
+                      float("-inf"))
+        bv, bi = tl.max(sc, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        if bv > best_v:
+            best_v = bv
+            best_i = (start + bi).to(tl.int64)
+    lse = tl.where(mm > float("-inf"), mm + tl.log(tl.maximum(se, 1e-30)), float("-inf"))
+    tl.store(gval_ptr + row, best_v)
+    tl.store(gidx_ptr + row, best_i)
+    tl.store(lse_ptr + row, lse)
+    tl.store(sx_ptr + row, sx)
+    tl.store(margin_ptr + row, margin)
+    tl.store(defer_ptr + row, tl.zeros((), tl.int8))
+
+
+def escalate_one_hot(g, idx, real, inp, merged, vocab_size):
+    """Triton escalation for one-hot drafts: updates ``merged`` in place, returns deferred."""
+    TP, E, S = g.shape
+    if g.stride(2) != 1:
+        g = g.contiguous()
+    deferred = merged.uncertified.to(torch.int8)
+    with _LAUNCH_LOCK:
+        _escalate_kernel[(E,)](g, g.stride(0), g.stride(1), S, vocab_size, idx,
+                               real.to(torch.int8), inp.temperature, inp.min_p, inp.top_p,
+                               inp.draft, inp.seeds, inp.positions, merged.gval, merged.gidx,
+                               merged.lse, merged.sx, merged.nucleus_margin, deferred,
+                               BLOCK=4096, num_warps=8)
+    return deferred.bool()

@@ -174,9 +174,17 @@ class StepPlan:
     logits_bytes: int = 2
 
     @property
+    def stats_only(self) -> bool:
+        """No cut and one-hot drafts: round 1 is the statistics alone and the decision
+        merges them directly (``(gval, gidx)``, + ``(lse, s_x)`` when sampling)."""
+        return self.candidates == 0 and not self.probabilistic
+
+    @property
     def round1_width(self) -> int:
         if self.all_greedy:
             return 2
+        if self.stats_only:
+            return 4
         return STAT_COLUMNS + 2 * self.candidates
 
     @property
@@ -494,19 +502,29 @@ def escalate(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, merged
     idx, real = pick_slots(merged.uncertified, inp.row_in_req, E)
     rows = logits_shard.index_select(0, idx)
     g = all_gather(rows.contiguous())  # [TP, E, S]
+    if backend == "triton" and q_full is None:
+        from . import _graph_kernels as gk
+
+        return gk.escalate_one_hot(g, idx, real, inp, merged, vocab_size)
     TP, _, S = g.shape
     full = g.permute(1, 0, 2).reshape(E, TP * S)[:, :vocab_size]
     from .reference import scale_logits
 
     t = inp.temperature[idx]
-    s = scale_logits(full, t)
-    thr, tie, margin = exact_cut(s, inp.top_k[idx], inp.min_p[idx], inp.top_p[idx])
+    if backend == "triton":
+        from . import _graph_kernels as gk
+
+        thr, tie, margin = gk.exact_cut_rows(full, t, inp.min_p[idx], inp.top_p[idx], real)
+    else:
+        thr, tie, margin = exact_cut(scale_logits(full, t), inp.top_k[idx], inp.min_p[idx],
+                                     inp.top_p[idx])
     st = shard_local_stats(full, t, thr, inp.draft[idx], inp.seeds[idx], inp.positions[idx], 0,
                            vocab_size, exclude_draft=q_full is None, backend=backend, width=4,
                            tie_col=tie)
     sx = st[:, 3]
     res_tok = torch.full_like(idx, -1)
     if q_full is not None:
+        s = scale_logits(full, t)
         q = q_full[idx, :vocab_size].float()
         x = inp.draft[idx]
         sx = sx - _logq_at(q_full.index_select(0, idx), x[:, None], vocab_size)[:, 0]
@@ -628,6 +646,8 @@ class GraphVerifyStep:
         if (q_full is not None) != plan.probabilistic:
             raise ValueError("q_full must be given exactly when the plan is probabilistic")
         tri = self._triton(logits_shard)
+        if plan.stats_only:
+            return self._stats_only(logits_shard, inp, plan, tri)
         if tri:
             from . import _graph_kernels as gk
 
@@ -646,14 +666,55 @@ class GraphVerifyStep:
         if plan.escalation_slots:
             deferred = escalate(logits_shard, inp, plan, merged, self.all_gather, V, q_full,
                                 "triton" if tri else "torch")
-        sampled, num_sampled, drow, margin, stopped = decide_merged_torch(
-            merged, deferred, inp, plan, V)
+        decide = gk.decide_merged if tri else decide_merged_torch
+        sampled, num_sampled, drow, margin, stopped = decide(merged, deferred, inp, plan, V)
         if plan.residual_round:
             sampled = self._residual_round(logits_shard, inp, plan, merged, drow, num_sampled,
                                            stopped, sampled, q_full)
         return StepOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin,
                           nucleus_margin=merged.nucleus_margin, uncertified=merged.uncertified,
                           deferred=deferred, stopped=stopped)
+
+    def _stats_only(self, logits_shard, inp, plan, tri) -> StepOutput:
+        """Greedy / temperature rows without a cut, one-hot drafts: one all-gather of
+        ``(gval, gidx[, lse, s_x])`` per row and one decision launch (as
+        :class:`~.sharded.VocabShardedVerifier`'s fast path)."""
+        V, off, R = self.vocab_size, self.col_offset, plan.num_rows
+        st = shard_local_stats(logits_shard, inp.temperature, None, inp.draft, inp.seeds,
+                               inp.positions, off, V, exclude_draft=True,
+                               backend="triton" if tri else "torch", width=plan.round1_width)
+        g = self.all_gather(st)
+        if tuple(g.shape) != (self.tp_size, R, plan.round1_width):
+            raise RuntimeError(f"all_gather returned {tuple(g.shape)}")
+        dev = g.device
+        nan64 = torch.full((R,), float("nan"), dtype=torch.float64, device=dev)
+        no = torch.zeros(R, dtype=torch.bool, device=dev)
+        if tri:
+            from . import _triton_kernels as tk
+
+            Q, Lmax = plan.num_reqs, plan.max_rows_per_req
+            sampled = torch.empty((Q, Lmax), dtype=torch.int64, device=dev)
+            num_sampled = torch.empty((Q,), dtype=torch.int32, device=dev)
+            drow = torch.empty((Q,), dtype=torch.int64, device=dev)
+            margin = torch.empty((R,), dtype=torch.float32, device=dev)
+            gg = g if g.dtype == torch.float32 and g.stride(2) == 1 else g.float().contiguous()
+            tk.launch_decide(gg, inp.cu_num_rows, inp.draft, inp.temperature, inp.seeds,
+                             inp.positions, sampled, num_sampled, drow, margin, V)
+            stopped = torch.zeros(Q, dtype=torch.bool, device=dev)
+        else:
+            best, tok = merge_argmax(g[..., 0], g[..., 1])
+            if plan.all_greedy:
+                neg = torch.full((R,), NEG_INF, device=dev)
+                lse, sx = neg, neg
+            else:
+                lse = torch.logsumexp(g[..., 2], dim=0)
+                sx = g[..., 3].max(dim=0).values
+            none = torch.full((R,), -1, dtype=torch.int64, device=dev)
+            merged = Merged(best, tok, lse, sx, none, no, nan64, none)
+            sampled, num_sampled, drow, margin, stopped = decide_merged_torch(
+                merged, no, inp, plan, V)
+        return StepOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin,
+                          nucleus_margin=nan64, uncertified=no, deferred=no, stopped=stopped)
 
     def _residual_round(self, logits_shard, inp, plan, merged, drow, num_sampled, stopped,
                         sampled, q_full):
