@@ -189,13 +189,23 @@ class StepPlan:
 
     @property
     def rounds(self) -> tuple[Round, ...]:
-        out = [Round("stats+candidates", self.num_rows, self.round1_width)]
+        out = [Round("stats" if self.stats_only else "stats+candidates", self.num_rows,
+                     self.round1_width)]
         if self.escalation_slots:
             out.append(Round("escalation", self.escalation_slots, self.shard_width,
                              self.logits_bytes))
         if self.residual_round:
             out.append(Round("residual", self.num_reqs, 2))
         return tuple(out)
+
+    @property
+    def collectives(self) -> tuple[Round, ...]:
+        """The rounds (the name the eager verifier's plan uses)."""
+        return self.rounds
+
+    @property
+    def num_collectives(self) -> int:
+        return len(self.rounds)
 
     @property
     def bytes_sent_per_rank(self) -> int:
@@ -746,3 +756,95 @@ class GraphVerifyStep:
         cur = sampled.gather(1, last[:, None]).squeeze(1)
         new = torch.where(use, gtok, cur)
         return sampled.scatter(1, last[:, None], new[:, None])
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs of the step
+# ---------------------------------------------------------------------------
+class StepGraphs:
+    """One CUDA graph per :class:`StepPlan`, replayed with the step's inputs copied into
+    static buffers preallocated for the largest batch (``max_rows`` rows).
+
+    vLLM 0.34.0 runs ``GPUModelRunner.sample`` after the model forward, outside the
+    model's CUDA graphs, in FULL and PIECEWISE modes alike; this captures the
+    verification step itself, so it is independent of vLLM's ``cudagraph_mode``.
+    Every rank captures the same plans in the same order (the plan is a function of
+    the batch's sampling parameters, identical on every rank), so the collectives
+    inside the graphs pair up. All graphs share one memory pool (they never run
+    concurrently). Off the GPU, or past ``max_graphs`` plans, the step runs eagerly.
+    The returned tensors are the graph's static outputs: valid until the next call.
+    """
+
+    def __init__(self, step: GraphVerifyStep, max_rows: int, max_graphs: int = 64):
+        self.step = step
+        self.max_rows = int(max_rows)
+        self.max_graphs = int(max_graphs)
+        self._graphs: dict = {}
+        self._pool = None
+        self._static: dict = {}
+        #: Steps run eagerly because capture was impossible (counted, not silent).
+        self.eager_steps = 0
+
+    def _buffers(self, logits_shard: torch.Tensor, q_full: torch.Tensor | None) -> dict:
+        key = (logits_shard.dtype, logits_shard.device, q_full is None)
+        if key not in self._static:
+            R, dev = self.max_rows, logits_shard.device
+            i64 = dict(dtype=torch.int64, device=dev)
+            f32 = dict(dtype=torch.float32, device=dev)
+            self._static[key] = {
+                "logits": torch.zeros((R, logits_shard.shape[1]), dtype=logits_shard.dtype,
+                                      device=dev),
+                "cu": torch.zeros(R + 1, **i64), "draft": torch.full((R,), -1, **i64),
+                "req": torch.zeros(R, **i64), "rin": torch.zeros(R, **i64),
+                "temp": torch.zeros(R, **f32), "seeds": torch.zeros(R, **i64),
+                "pos": torch.zeros(R, **i64), "top_k": torch.zeros(R, **i64),
+                "min_p": torch.zeros(R, **f32), "top_p": torch.ones(R, **f32),
+                "q": None if q_full is None else torch.zeros((R, q_full.shape[1]),
+                                                             dtype=q_full.dtype, device=dev),
+            }
+        return self._static[key]
+
+    def _views(self, b: dict, plan: StepPlan):
+        R, Q = plan.num_rows, plan.num_reqs
+        inp = StepInputs(cu_num_rows=b["cu"][:Q + 1], draft=b["draft"][:R],
+                         req_of_row=b["req"][:R], row_in_req=b["rin"][:R],
+                         temperature=b["temp"][:R], seeds=b["seeds"][:R],
+                         positions=b["pos"][:R], top_k=b["top_k"][:R], min_p=b["min_p"][:R],
+                         top_p=b["top_p"][:R])
+        q = None if b["q"] is None else b["q"][:R]
+        return b["logits"][:R], inp, q
+
+    @staticmethod
+    def _copy_in(dst_logits, dst_inp: StepInputs, dst_q, logits, inp: StepInputs, q) -> None:
+        dst_logits.copy_(logits)
+        for name in ("cu_num_rows", "draft", "req_of_row", "row_in_req", "temperature",
+                     "seeds", "positions", "top_k", "min_p", "top_p"):
+            getattr(dst_inp, name).copy_(getattr(inp, name))
+        if dst_q is not None:
+            dst_q.copy_(q)
+
+    def __call__(self, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
+                 q_full: torch.Tensor | None = None) -> StepOutput:
+        if (not logits_shard.is_cuda or plan.num_rows > self.max_rows
+                or (plan not in self._graphs and len(self._graphs) >= self.max_graphs)):
+            self.eager_steps += 1
+            return self.step.run(logits_shard, inp, plan, q_full)
+        b = self._buffers(logits_shard, q_full)
+        s_logits, s_inp, s_q = self._views(b, plan)
+        self._copy_in(s_logits, s_inp, s_q, logits_shard, inp, q_full)
+        entry = self._graphs.get(plan)
+        if entry is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.step.run(s_logits, s_inp, plan, s_q)  # compile + warm up
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self.step.run(s_logits, s_inp, plan, s_q)
+            entry = self._graphs[plan] = (graph, out)
+        graph, out = entry
+        graph.replay()
+        return out
