@@ -785,6 +785,11 @@ class StepGraphs:
         #: Steps run eagerly because capture was impossible (counted, not silent).
         self.eager_steps = 0
 
+    def __getattr__(self, name: str):
+        if name == "step" or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.step, name)  # vocab_size, tp_size, ... of the step
+
     def _buffers(self, logits_shard: torch.Tensor, q_full: torch.Tensor | None) -> dict:
         key = (logits_shard.dtype, logits_shard.device, q_full is None)
         if key not in self._static:
