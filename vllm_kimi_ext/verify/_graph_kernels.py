@@ -50,10 +50,31 @@ def _unkey(k):
 
 
 @triton.jit
+def _key16(z, col):
+    """int32 key of bf16 logits ``z`` at local column ``col`` (< 65536): the order of
+    ``z / T`` is the order of ``z`` for T > 0 (distinct bf16 values stay distinct)."""
+    b = z.to(tl.int16, bitcast=True).to(tl.int32)
+    ordered = b ^ ((b >> 15) & 0x7FFF)
+    return ordered * 65536 + (65535 - col)
+
+
+@triton.jit
+def _unkey16(k, t):
+    """``(z / T, local column)`` of int32 keys (``-inf, -1`` for the sentinel)."""
+    ordered = k >> 16
+    b = ordered ^ ((ordered >> 15) & 0x7FFF)
+    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    col = 65535 - (k & 0xFFFF)
+    sent = k == -2147483648
+    return tl.where(sent, float("-inf"), tl.div_rn(z, t)), tl.where(sent, -1, col)
+
+
+@triton.jit
 def _cand_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr, seed_ptr, pos_ptr,
                  part_keys_ptr, part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr,
                  n_valid, col_offset, nsplit,
-                 EXCLUDE: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KP: tl.constexpr):
+                 EXCLUDE: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KP: tl.constexpr,
+                 K16: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
@@ -85,7 +106,10 @@ def _cand_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr, seed_ptr, pos_p
     tl.store(part_gv_ptr + p, bv)
     tl.store(part_gi_ptr + p, (split * C + bi).to(tl.int32))
     if W > 0:
-        keys = tl.where(ok, _key(s, cols + col_offset), _SENT)
+        if K16:
+            keys = tl.where(ok, _key16(z, cols), -2147483648)
+        else:
+            keys = tl.where(ok, _key(s, cols + col_offset), _SENT)
         top = tl.topk(keys, KP)
         offs = tl.arange(0, KP)
         tl.store(part_keys_ptr + p * W + offs, top, mask=offs < W)
@@ -96,7 +120,7 @@ def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
                        part_keys_ptr, part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr,
                        out_ptr, out_stride, n_valid, col_offset, nsplit,
                        PSPLIT: tl.constexpr, PK: tl.constexpr, W: tl.constexpr,
-                       KP: tl.constexpr):
+                       KP: tl.constexpr, K16: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     temp = tl.load(temp_ptr + row)
     sampling = temp != 0.0
@@ -131,9 +155,17 @@ def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
     tl.store(base + 4, sx)
     if W > 0:
         ko = tl.arange(0, PK)
-        keys = tl.load(part_keys_ptr + row * nsplit * W + ko, mask=ko < nsplit * W, other=_SENT)
-        top = tl.topk(keys, KP)
-        val, gid = _unkey(top)
+        if K16:
+            keys = tl.load(part_keys_ptr + row * nsplit * W + ko, mask=ko < nsplit * W,
+                           other=-2147483648)
+            top = tl.topk(keys, KP)
+            val, lcol = _unkey16(top, safe_t)
+            gid = tl.where(lcol >= 0, lcol + col_offset, -1)
+        else:
+            keys = tl.load(part_keys_ptr + row * nsplit * W + ko, mask=ko < nsplit * W,
+                           other=_SENT)
+            top = tl.topk(keys, KP)
+            val, gid = _unkey(top)
         kk = tl.arange(0, KP)
         tl.store(base + 5 + kk, val, mask=kk < W)
         tl.store(base + 5 + W + kk, gid.to(tl.float32), mask=kk < W)
@@ -154,12 +186,15 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
     if logits_shard.stride(1) != 1:
         logits_shard = logits_shard.contiguous()
     W = plan.candidates
-    C = max(2048, triton.next_power_of_2(max(W, 1)))
+    # small batches: more, narrower splits (fill the SMs); large: fewer top-k selections
+    C = max(1024 if R <= 16 else 2048, triton.next_power_of_2(max(W, 1)))
     nsplit = max(1, -(-max(n_valid, 1) // C))
     KP = triton.next_power_of_2(max(W, 1))
     PK = max(triton.next_power_of_2(max(nsplit * W, 1)), KP)
     out = torch.empty((R, plan.round1_width), dtype=torch.float32, device=dev)
-    pk = torch.empty((R, nsplit, max(W, 1)), dtype=torch.int64, device=dev)
+    k16 = logits_shard.dtype == torch.bfloat16 and S <= 65536
+    pk = torch.empty((R, nsplit, max(W, 1)), dtype=torch.int32 if k16 else torch.int64,
+                     device=dev)
     pm = torch.empty((R, nsplit), dtype=torch.float32, device=dev)
     pse = torch.empty((R, nsplit), dtype=torch.float64, device=dev)
     pgv = torch.empty_like(pm)
@@ -170,12 +205,12 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
         _cand_kernel[(R, nsplit)](logits_shard, logits_shard.stride(0), temp, draft,
                                   inp.seeds.contiguous(), inp.positions.contiguous(),
                                   pk, pm, pse, pgv, pgi, n_valid, col_offset, nsplit,
-                                  EXCLUDE=exclude, C=C, W=W, KP=KP, num_warps=8)
+                                  EXCLUDE=exclude, C=C, W=W, KP=KP, K16=k16, num_warps=8)
     with _LAUNCH_LOCK:
         _cand_merge_kernel[(R,)](logits_shard, logits_shard.stride(0), temp, draft,
                                  pk, pm, pse, pgv, pgi, out, out.stride(0), n_valid, col_offset,
                                  nsplit, PSPLIT=triton.next_power_of_2(nsplit),
-                                 PK=PK, W=W, KP=KP, num_warps=8)
+                                 PK=PK, W=W, KP=KP, K16=k16, num_warps=8)
     if q_full is not None:
         from .graph_step import _logq_at
 
@@ -287,6 +322,17 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
     tl.store(margin_ptr + row, margin)
 
 
+_MINUS_ONES: dict = {}
+
+
+def _minus_ones(n: int, dev) -> torch.Tensor:
+    """A cached read-only int64 ``[n]`` of -1 (made once, outside any graph capture)."""
+    key = (n, str(dev))
+    if key not in _MINUS_ONES:
+        _MINUS_ONES[key] = torch.full((n,), -1, dtype=torch.int64, device=dev)
+    return _MINUS_ONES[key]
+
+
 def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
     """Triton version of :func:`.graph_step.merge_round1_torch` (probabilistic drafts and
     all-greedy steps use the torch merge: their merge is a handful of ops)."""
@@ -314,8 +360,8 @@ def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
                             gval, gidx, lse, sx, unc, margin,
                             TP=TP, PTP=triton.next_power_of_2(TP), W=W,
                             PN=triton.next_power_of_2(TP * W), num_warps=8)
-    none = torch.full((R,), -1, dtype=torch.int64, device=dev)
-    return Merged(gval, gidx, lse, sx, none, unc.bool(), margin, None)
+    # int8 flags throughout the Triton path (no conversion launches); read-only "-1" ids
+    return Merged(gval, gidx, lse, sx, _minus_ones(R, dev), unc, margin, None)
 
 
 # ---------------------------------------------------------------------------
@@ -383,7 +429,7 @@ def decide_merged(merged, deferred, inp, plan, vocab_size):
             merged.gidx, merged.lse, merged.sx, merged.res_tok, deferred.to(torch.int8),
             sampled, Lmax, num_sampled, drow, margin, stopped, vocab_size,
             PROB=plan.probabilistic, PLEN=triton.next_power_of_2(Lmax), num_warps=1)
-    return sampled, num_sampled, drow, margin, stopped.bool()
+    return sampled, num_sampled, drow, margin, stopped
 
 
 @triton.jit
@@ -613,16 +659,49 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     tl.store(defer_ptr + row, tl.zeros((), tl.int8))
 
 
-def escalate_one_hot(g, idx, real, inp, merged, vocab_size):
-    """Triton escalation for one-hot drafts: updates ``merged`` in place, returns deferred."""
+def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred):
+    """Triton escalation for one-hot drafts: updates ``merged`` and ``deferred`` (int8,
+    initialised to the uncertified rows) in place; returns the deferred rows."""
     TP, E, S = g.shape
     if g.stride(2) != 1:
         g = g.contiguous()
-    deferred = merged.uncertified.to(torch.int8)
     with _LAUNCH_LOCK:
         _escalate_kernel[(E,)](g, g.stride(0), g.stride(1), S, vocab_size, idx,
-                               real.to(torch.int8), inp.temperature, inp.min_p, inp.top_p,
+                               real, inp.temperature, inp.min_p, inp.top_p,
                                inp.draft, inp.seeds, inp.positions, merged.gval, merged.gidx,
                                merged.lse, merged.sx, merged.nucleus_margin, deferred,
                                BLOCK=4096, num_warps=8)
-    return deferred.bool()
+    return deferred
+
+
+@triton.jit
+def _pick_kernel(unc_ptr, rin_ptr, R, idx_ptr, real_ptr, defer_ptr,
+                 E: tl.constexpr, RP: tl.constexpr):
+    """The escalation slots: the ``E`` uncertified rows first in (row within request,
+    row) order; also the deferred-rows buffer initialised to the uncertified rows."""
+    r = tl.arange(0, RP)
+    ok = r < R
+    u = (tl.load(unc_ptr + r, mask=ok, other=0) != 0) & ok
+    rin = tl.load(rin_ptr + r, mask=ok, other=0).to(tl.int64)
+    big = 2**62
+    key = tl.where(u, rin * (R + 1) + r, big)
+    sk = tl.sort(key, dim=0)
+    valid = sk < big
+    row = tl.where(valid, sk % (R + 1), 0)
+    tl.store(idx_ptr + r, row, mask=r < E)
+    tl.store(real_ptr + r, valid.to(tl.int8), mask=r < E)
+    tl.store(defer_ptr + r, u.to(tl.int8), mask=ok)
+
+
+def pick_slots(uncertified, row_in_req, slots):
+    """Triton :func:`.graph_step.pick_slots`; returns ``(idx, real, deferred int8)``."""
+    R = uncertified.shape[0]
+    dev = uncertified.device
+    idx = torch.empty(slots, dtype=torch.int64, device=dev)
+    real = torch.empty(slots, dtype=torch.int8, device=dev)
+    deferred = torch.empty(R, dtype=torch.int8, device=dev)
+    with _LAUNCH_LOCK:
+        _pick_kernel[(1,)](uncertified.to(torch.int8), row_in_req.contiguous(), R, idx, real,
+                           deferred, E=slots, RP=triton.next_power_of_2(max(R, slots)),
+                           num_warps=4)
+    return idx, real, deferred

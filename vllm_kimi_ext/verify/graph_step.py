@@ -281,11 +281,11 @@ class StepOutput:
     accept_margin: torch.Tensor
     #: float64 [rows]: nucleus margin (NaN without top-p).
     nucleus_margin: torch.Tensor
-    #: bool [rows]: the cut was not certified by round 1.
+    #: [rows], bool (int8 on the Triton path): the cut was not certified by round 1.
     uncertified: torch.Tensor
-    #: bool [rows]: uncertified and no escalation slot.
+    #: [rows], bool or int8: uncertified and no escalation slot.
     deferred: torch.Tensor
-    #: bool [num_reqs]: this request stopped at a deferred row.
+    #: [num_reqs], bool or int8: this request stopped at a deferred row.
     stopped: torch.Tensor
 
     def tokens(self) -> list[list[int]]:
@@ -509,13 +509,15 @@ def escalate(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, merged
     """Round 2: whole rows for the picked uncertified rows; updates ``merged`` in place.
     Returns the deferred rows (uncertified, no slot)."""
     E = plan.escalation_slots
-    idx, real = pick_slots(merged.uncertified, inp.row_in_req, E)
-    rows = logits_shard.index_select(0, idx)
-    g = all_gather(rows.contiguous())  # [TP, E, S]
     if backend == "triton" and q_full is None:
         from . import _graph_kernels as gk
 
-        return gk.escalate_one_hot(g, idx, real, inp, merged, vocab_size)
+        idx, real8, deferred = gk.pick_slots(merged.uncertified, inp.row_in_req, E)
+        g = all_gather(logits_shard.index_select(0, idx))  # [TP, E, S]
+        return gk.escalate_one_hot(g, idx, real8, inp, merged, vocab_size, deferred)
+    idx, real = pick_slots(merged.uncertified, inp.row_in_req, E)
+    rows = logits_shard.index_select(0, idx)
+    g = all_gather(rows.contiguous())  # [TP, E, S]
     TP, _, S = g.shape
     full = g.permute(1, 0, 2).reshape(E, TP * S)[:, :vocab_size]
     from .reference import scale_logits
