@@ -24,13 +24,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 _BOOL_EXPECTED = "one of " + "/".join(TRUE_WORDS) + " (on) or " + "/".join(FALSE_WORDS[:-1]) \
     + " (off)"
 
 
-class EnvError(ValueError):
+class EnvError(UserInputError):
     """An environment variable of this package holds a value it cannot mean."""
 
 
@@ -81,9 +83,6 @@ class Flag:
     def __post_init__(self) -> None:
         if self.kind not in _PARSERS:
             raise ValueError(f"{self.name}: unknown kind {self.kind!r}")
-
-    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
-        return self.name in (os.environ if environ is None else environ)
 
     def get(self, environ: Mapping[str, str] | None = None) -> Any:
         """The parsed value (the default when unset); :class:`EnvError` when invalid."""

@@ -135,7 +135,7 @@ class Replay:
 
 def record_rank0(z: torch.Tensor, b, plan_kw: dict):
     """Run all 8 ranks eagerly (threads); return rank 0's gathered tensors, plan and output."""
-    from vllm_kimi_ext.testing.verify_simulate import run_ranks, shard_columns
+    from testkit.verify_simulate import run_ranks, shard_columns
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs
 
     shards = shard_columns(z, TP, V)
@@ -214,7 +214,7 @@ def vllm_case(z, b, k, mode, drafts, seeds, rej, topk_topp, apply_temp, apply_mi
 
 
 def reference_check(z, b, out) -> dict:
-    from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
+    from testkit.verify_equivalence import assert_equivalent
     from vllm_kimi_ext.verify import ReferenceVerifier
     from vllm_kimi_ext.verify.batch import VerifyOutput
 

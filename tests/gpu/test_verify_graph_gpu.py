@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.verify_graph_sim import check_graph_step
+from testkit.verify_graph_sim import check_graph_step
 from vllm_kimi_ext.verify import VerifyBatch
 from vllm_kimi_ext.verify.graph_step import (
     GraphVerifyStep,
@@ -76,7 +76,7 @@ def test_graph_step_triton_equals_reference(temp):
 
 
 def _capture_and_compare(b, z, **plan_kw):
-    from vllm_kimi_ext.testing.verify_graph_sim import simulate_graph_step
+    from testkit.verify_graph_sim import simulate_graph_step
 
     outs, group, plan = simulate_graph_step(z, b, TP, V, backend="triton", **plan_kw)
     # rank 0 again, with the all-gathers replayed from what rank 0 received

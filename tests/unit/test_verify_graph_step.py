@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import vllm_kimi_ext.verify.graph_step as gs
-from vllm_kimi_ext.testing.verify_equivalence import chi_square
-from vllm_kimi_ext.testing.verify_graph_sim import check_graph_step, simulate_graph_step
+from testkit.verify_equivalence import chi_square
+from testkit.verify_graph_sim import check_graph_step, simulate_graph_step
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
 

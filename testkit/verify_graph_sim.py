@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-from vllm_kimi_ext.testing.verify_simulate import run_ranks, shard_columns
+from testkit.verify_equivalence import assert_equivalent
+from testkit.verify_simulate import run_ranks, shard_columns
 from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs, StepOutput
 from vllm_kimi_ext.verify.reference import ReferenceVerifier
