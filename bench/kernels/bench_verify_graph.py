@@ -239,7 +239,8 @@ def run(args) -> dict:
     if args.logits:
         obj = torch.load(args.logits)
         real = (obj["logits_bf16"] if isinstance(obj, dict) else obj).to(torch.bfloat16)
-        source = f"real rows ({args.logits.name}, {real.shape[0]} x {real.shape[1]})"
+        source = (f"real rows, {real.shape[0]} x {real.shape[1]} bf16"
+                  + (f": {obj['source']}" if isinstance(obj, dict) and "source" in obj else ""))
     else:
         real = synthetic_rows(512, gen)
         source = "synthetic heavy-tailed rows (no --logits given)"
@@ -287,7 +288,9 @@ def markdown(report: dict) -> str:
     p = report["provenance"]
     lines = ["# Graph-captured sharded verification vs vLLM 0.34.0 (one H200, per rank)", "",
              f"{p.get('gpu', '')}; torch {p.get('torch', '')}, Triton {p.get('triton', '')}; "
-             f"{p.get('date', '')}. Logits: {report['logits']}. V = 163840, TP = 8 (rank 0; "
+             f"{p.get('date_utc', '')}. vLLM kernels: {p.get('vllm_kernel', {}).get('how', '')}."
+             f" Logits: {report['logits']}, embedded at Kimi width (real ids first, then a "
+             "tail of low logits). V = 163840, TP = 8 (rank 0; "
              "all-gathers replayed from the bytes 8 simulated ranks exchanged, communication "
              "not timed). Both steps captured in a CUDA graph; medians of 30 replays.", "",
              "| k | rows | mode | ours (µs) | vLLM (µs) | vLLM / ours | rounds | bytes/row/rank "

@@ -548,14 +548,16 @@ def _row_val(g_ptr, rank_stride, slot_off, S, c, n_cols, t):
 def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_ptr,
                      temp_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
                      gval_ptr, gidx_ptr, lse_ptr, sx_ptr, margin_ptr, defer_ptr,
-                     BLOCK: tl.constexpr):
+                     w_ptr, k_ptr, BLOCK: tl.constexpr, K16: tl.constexpr):
     """One escalated row (one-hot drafts): its exact min-p / top-p cut from the whole row
     (top-k rows are always certified, never escalated), then the row's statistics under
     that cut, written over the round-1 merge; unused slots return at once.
 
-    The cut: the value ``v`` of the last kept token by bisection on the order-preserving
-    int64 image of the float32 value (float64 mass strictly above a key against
-    ``top_p`` x the candidate mass), then the tokens tied at ``v`` kept in id order."""
+    The cut: one pass stores each token's float64 weight ``exp(s - max)`` (0 outside the
+    min-p set) and its order key in scratch; the key of the last kept token is then found
+    by bisection over the keys (16-bit keys of bf16 logits: the order of ``z / T`` is that
+    of ``z``; else the int32 image of the float32 value), comparing the weight strictly
+    above a key with ``top_p`` x the total; the tokens tied at it are kept in id order."""
     slot = tl.program_id(0).to(tl.int64)
     if tl.load(real_ptr + slot) == 0:
         return
@@ -575,44 +577,68 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     tie = n_cols.to(tl.int64)
     margin = tl.full((), float("nan"), tl.float64)
     if tp < 1.0:
+        wrow = w_ptr + slot * n_cols
+        krow = k_ptr + slot * n_cols
         z = tl.zeros((), tl.float64)
         for start in range(0, n_cols, BLOCK):
-            s = _row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t)
-            ok = (s >= cut) & (s > float("-inf"))
-            z += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m64), 0.0), axis=0)
+            c = start + offs
+            ok = c < n_cols
+            s = _row_val(g_ptr, rank_stride, so, S, c, n_cols, t)
+            w = tl.where((s >= cut) & (s > float("-inf")), tl.exp(s.to(tl.float64) - m64), 0.0)
+            if K16:
+                r = c // S
+                zz = tl.load(g_ptr + r.to(tl.int64) * rank_stride + so + (c - r * S), mask=ok,
+                             other=0.0)
+                b = zz.to(tl.int16, bitcast=True).to(tl.int32)
+                key = b ^ ((b >> 15) & 0x7FFF)
+            else:
+                b = s.to(tl.int32, bitcast=True)
+                key = b ^ ((b >> 31) & 0x7FFFFFFF)
+            tl.store(wrow + c, w, mask=ok)
+            tl.store(krow + c, key, mask=ok)
+            z += tl.sum(w, axis=0)
         target = tp * z
-        mbits = m.to(tl.int32, bitcast=True)
-        hi = (mbits ^ ((mbits >> 31) & 0x7FFFFFFF)).to(tl.int64)
-        lo = tl.full((), -2139095041, tl.int64)  # below the key of -FLT_MAX
-        while lo < hi:
+        if K16:
+            lo = tl.full((), -32769, tl.int64)
+            hi = tl.full((), 32767, tl.int64)
+        else:
+            mbits = m.to(tl.int32, bitcast=True)
+            hi = (mbits ^ ((mbits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+            lo = tl.full((), -2139095041, tl.int64)  # below the key of -FLT_MAX
+        while lo < hi:  # smallest key k with weight(key > k) < target
             mid = lo + ((hi - lo) >> 1)
             acc = tl.zeros((), tl.float64)
             for start in range(0, n_cols, BLOCK):
-                s = _row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t)
-                b = s.to(tl.int32, bitcast=True)
-                key = (b ^ ((b >> 31) & 0x7FFFFFFF)).to(tl.int64)
-                ok = (s >= cut) & (s > float("-inf")) & (key > mid)
-                acc += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m64), 0.0), axis=0)
+                c = start + offs
+                ok = c < n_cols
+                w = tl.load(wrow + c, mask=ok, other=0.0)
+                key = tl.load(krow + c, mask=ok, other=-2147483647).to(tl.int64)
+                acc += tl.sum(tl.where(key > mid, w, 0.0), axis=0)
             if acc < target:
                 hi = mid
             else:
                 lo = mid + 1
-        lo32 = lo.to(tl.int32)
-        v = (lo32 ^ ((lo32 >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
         above = tl.zeros((), tl.float64)
+        wv = tl.zeros((), tl.float64)
+        v = tl.full((), float("-inf"), tl.float32)
+        seen = tl.zeros((), tl.int64)
         for start in range(0, n_cols, BLOCK):
-            s = _row_val(g_ptr, rank_stride, so, S, start + offs, n_cols, t)
-            ok = (s >= cut) & (s > v)
-            above += tl.sum(tl.where(ok, tl.exp(s.to(tl.float64) - m64), 0.0), axis=0)
-        wv = tl.exp(v.to(tl.float64) - m64)
+            c = start + offs
+            ok = c < n_cols
+            w = tl.load(wrow + c, mask=ok, other=0.0)
+            key = tl.load(krow + c, mask=ok, other=-2147483647).to(tl.int64)
+            above += tl.sum(tl.where(key > lo, w, 0.0), axis=0)
+            hit = (key == lo) & ok
+            s = _row_val(g_ptr, rank_stride, so, S, c, n_cols, t)
+            v = tl.maximum(v, tl.max(tl.where(hit, s, float("-inf")), axis=0))
+            wv = tl.maximum(wv, tl.max(tl.where(hit, w, 0.0), axis=0))
         # tied token i (1-based, id order) is kept iff above + (i - 1) * wv < target
         need = tl.maximum(tl.ceil((target - above) / wv), 1.0)
-        seen = tl.zeros((), tl.int64)
         tie = tl.full((), -1, tl.int64)
         for start in range(0, n_cols, BLOCK):
             c = start + offs
-            s = _row_val(g_ptr, rank_stride, so, S, c, n_cols, t)
-            eq = (s == v).to(tl.int64)
+            key = tl.load(krow + c, mask=c < n_cols, other=-2147483647).to(tl.int64)
+            eq = ((key == lo) & (c < n_cols)).to(tl.int64)
             rank = seen + tl.cumsum(eq, axis=0)
             hit = (eq == 1) & (rank.to(tl.float64) == need)
             tie = tl.maximum(tie, tl.max(tl.where(hit, c.to(tl.int64), -1), axis=0))
@@ -665,12 +691,15 @@ def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred):
     TP, E, S = g.shape
     if g.stride(2) != 1:
         g = g.contiguous()
+    k16 = g.dtype == torch.bfloat16
+    wbuf = torch.empty((E, vocab_size), dtype=torch.float64, device=g.device)
+    kbuf = torch.empty((E, vocab_size), dtype=torch.int32, device=g.device)
     with _LAUNCH_LOCK:
         _escalate_kernel[(E,)](g, g.stride(0), g.stride(1), S, vocab_size, idx,
                                real, inp.temperature, inp.min_p, inp.top_p,
                                inp.draft, inp.seeds, inp.positions, merged.gval, merged.gidx,
                                merged.lse, merged.sx, merged.nucleus_margin, deferred,
-                               BLOCK=4096, num_warps=8)
+                               wbuf, kbuf, BLOCK=8192, K16=k16, num_warps=16)
     return deferred
 
 
