@@ -248,8 +248,15 @@ def run(args) -> dict:
     topk_topp, apply_temp, tinfo = load_vllm_top_k_top_p(args.vllm_src, vinfo.get("how") ==
                                                          "installed vllm")
     apply_min_p = load_min_p()
-    report = {"provenance": provenance({**vinfo, "top_k_top_p": tinfo}), "logits": source,
-              "cases": []}
+    prov = provenance({**vinfo, "top_k_top_p": tinfo})
+    report = {"provenance": prov, "logits": source, "cases": [],
+              "hardware": prov["gpu"],
+              "setup": f"one GPU, rank 0 of TP = 8 simulated (all-gathers replayed), "
+                       f"{prov['sm_count']} SMs",
+              "versions": {"torch": prov["torch"], "triton": prov["triton"],
+                           "python": prov["python"],
+                           "vllm_kernels": "0.34.0 source files (unmodified)"},
+              "date": prov["date_utc"]}
     rows_list = ROWS[:2] if args.quick else ROWS
     for k, rows, (mname, mode) in itertools.product(KS, rows_list, MODES.items()):
         if rows % (k + 1):
