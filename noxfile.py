@@ -14,6 +14,7 @@ never fetches or rebuilds vLLM; without an environment it says to run
     nox -s apply-patches -- --vllm-src PATH   # use your own git checkout instead
     nox -s apply-patches -- --check           # dry run against the baseline
     nox -s apply-patches -- --export          # fork branch commits -> patches/ + series.json
+    nox -s apply-patches -- --export --author 'Name <email>'   # sign-off (default: git config)
     nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
     nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
     nox -s bench                              # what this machine can measure
@@ -116,11 +117,16 @@ def apply_patches(session: nox.Session) -> None:
     parser.add_argument("--export", action="store_true",
                         help="regenerate patches/ and vllm_kimi_ext/series.json from the "
                         "fork branch commits")
+    parser.add_argument("--author", metavar="'NAME <EMAIL>'",
+                        help="with --export: the From: and Signed-off-by: lines of every "
+                        "patch (default: git config user.name and user.email)")
     parser.add_argument("--no-install", action="store_true",
                         help="prepare the tree only")
     parser.add_argument("--precompiled-wheel",
                         help="CUDA machines: local vllm-0.34.0 wheel providing the kernels")
     args = parser.parse_args(session.posargs)
+    if args.author and not args.export:
+        session.error("--author only applies to --export (the command that writes patches)")
     t0 = time.time()
     try:
         if args.vllm_src:
@@ -138,7 +144,9 @@ def apply_patches(session: nox.Session) -> None:
                         f"{patchset.BASELINE_TAG}")
             return
         if args.export:
-            names = patchset.export_series(tree, PATCH_DIR, SHIPPED_SERIES)
+            author = (patchset.parse_author(args.author) if args.author
+                      else patchset.default_author(ROOT))
+            names = patchset.export_series(tree, PATCH_DIR, SHIPPED_SERIES, author=author)
             session.log(f"--export: {len(names)} patch(es) in {PATCH_DIR}, "
                         f"record in {SHIPPED_SERIES}")
             return
