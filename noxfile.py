@@ -1,4 +1,4 @@
-"""Sessions: apply-patches, test, upstream-tests, bench, docs, lint.
+"""Sessions: apply-patches, test, upstream-tests, upstream-check, bench, docs, lint.
 
 All sessions share one project environment (default ``.venv``, override with
 ``VLLM_KIMI_EXT_ENV``): ``apply-patches`` creates it and installs the patched
@@ -17,6 +17,7 @@ never fetches or rebuilds vLLM; without an environment it says to run
     nox -s apply-patches -- --export --author 'Name <email>'   # sign-off (default: git config)
     nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
     nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
+    nox -s upstream-check                     # vLLM's pre-commit hooks + per-patch vLLM tests
     nox -s bench                              # what this machine can measure
     nox -s docs [-- --check]                  # regenerate every generated document
 """
@@ -24,6 +25,7 @@ never fetches or rebuilds vLLM; without an environment it says to run
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -232,6 +234,57 @@ def upstream_tests(session: nox.Session) -> None:
             "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
             "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--timeout", "300",
             "--rootdir", str(tree), *args, env=env)
+
+
+UPSTREAM_CHECK = "vllm_kimi_ext.testing.upstream_check"
+# Its own environment: the hook tools at vLLM's pinned versions, apart from the project's.
+UPSTREAM_CHECK_ENV = BUILD_DIR / "upstream-check-venv"
+
+
+def _upstream_check_env(session: nox.Session, tree: Path) -> Path:
+    """``build/upstream-check-venv`` with the tools vLLM's .pre-commit-config.yaml pins
+    (reinstalled only when the pins change); returns its bin directory."""
+    pins = subprocess.run([sys.executable, "-m", UPSTREAM_CHECK, "pins", str(tree)],
+                          capture_output=True, text=True, cwd=ROOT)
+    if pins.returncode:
+        session.error(pins.stderr.strip())
+    bin_dir = UPSTREAM_CHECK_ENV / "bin"
+    stamp = UPSTREAM_CHECK_ENV / "pins.txt"
+    if not (stamp.is_file() and stamp.read_text() == pins.stdout):
+        session.run(sys.executable, "-m", "venv", "--clear", str(UPSTREAM_CHECK_ENV),
+                    external=True)
+        session.run(str(bin_dir / "python"), "-m", "pip", "install", "-q",
+                    "--disable-pip-version-check", *pins.stdout.split(), external=True)
+        stamp.write_text(pins.stdout)
+    session.log("hook tools: " + ", ".join(pins.stdout.split()))
+    return bin_dir
+
+
+@nox.session(name="upstream-check", default=False)
+def upstream_check(session: nox.Session) -> None:
+    """vLLM 0.34.0's own pre-commit hooks on the files the series changes (the tool
+    versions its .pre-commit-config.yaml pins, in build/upstream-check-venv), then every
+    test the series adds to vLLM's tree: each must pass on the patched tree and fail on
+    stock v0.34.0. Per-patch results: build/upstream-check.json."""
+    tree = _tree()
+    if not tree.exists():
+        session.error("no vLLM tree: run `nox -s apply-patches` first")
+    _require_env(session)
+    t0 = time.time()
+    bin_dir = _upstream_check_env(session, tree)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    hooks = subprocess.run([str(bin_dir / "python"), "-m", UPSTREAM_CHECK, "hooks", str(tree),
+                            str(bin_dir)], env=env).returncode
+    t_hooks = time.time() - t0
+    _pip(session, *UPSTREAM_TEST_REQUIREMENTS)
+    tests = subprocess.run([_py(), "-m", UPSTREAM_CHECK, "tests", str(tree),
+                            str(BUILD_DIR / "upstream-check.json")],
+                           env={**env, **OFFLINE_ENV, "VLLM_TARGET_DEVICE": "cpu"}).returncode
+    session.log(f"upstream-check: hooks {t_hooks:.0f} s, total {time.time() - t0:.0f} s")
+    if hooks or tests:
+        session.error("upstream-check: " + "; ".join(
+            what for what, rc in (("a hook failed", hooks), ("a per-patch test check failed",
+                                                              tests)) if rc))
 
 
 @nox.session(default=False)
