@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -394,4 +395,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # A terminated run still removes its stock worktree (the `finally` in run_tests).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main(sys.argv[1:]))
