@@ -218,8 +218,10 @@ def run_hooks(tree: Path, bin_dir: Path) -> list[HookResult]:
             matched = files if hook.get("always_run") else hook_files(
                 hook, files, config.get("exclude", ""))
             if not matched:
-                results.append(HookResult(hid, "not applicable",
-                                          "no file the series changes matches it"))
+                why = "no file the series changes matches it"
+                if hook["id"] in CANNOT_RUN:
+                    why += f" (could not run here: {CANNOT_RUN[hook['id']]})"
+                results.append(HookResult(hid, "not applicable", why))
                 continue
             if hid == "check-filenames":
                 spaced = [f for f in files if " " in f]
