@@ -228,15 +228,18 @@ def upstream_tests(session: nox.Session) -> None:
                          patchset.BASELINE_TAG)
         tree, env["PYTHONPATH"] = stock, str(stock)
         session.log(f"running on the stock baseline {stock}")
+    # the deselect plugin is in the test kit (not installed): the repository root goes last
+    # on the path, so the tree's own `tests` package and the installed modules come first
+    env["PYTHONPATH"] = os.pathsep.join([*filter(None, [env.get("PYTHONPATH")]), str(ROOT)])
     session.chdir(tree)
-    _pytest(session, "-p", "vllm_kimi_ext.testing.upstream_deselect",
+    _pytest(session, "-p", "testkit.upstream_deselect",
             "--upstream-deselect-list", str(UPSTREAM_DESELECT_LIST),
             "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
             "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--timeout", "300",
             "--rootdir", str(tree), *args, env=env)
 
 
-UPSTREAM_CHECK = "vllm_kimi_ext.testing.upstream_check"
+UPSTREAM_CHECK = "testkit.upstream_check"
 # Its own environment: the hook tools at vLLM's pinned versions, apart from the project's.
 UPSTREAM_CHECK_ENV = BUILD_DIR / "upstream-check-venv"
 

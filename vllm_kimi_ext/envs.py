@@ -24,13 +24,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 _BOOL_EXPECTED = "one of " + "/".join(TRUE_WORDS) + " (on) or " + "/".join(FALSE_WORDS[:-1]) \
     + " (off)"
 
 
-class EnvError(ValueError):
+class EnvError(UserInputError):
     """An environment variable of this package holds a value it cannot mean."""
 
 
@@ -82,9 +84,6 @@ class Flag:
         if self.kind not in _PARSERS:
             raise ValueError(f"{self.name}: unknown kind {self.kind!r}")
 
-    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
-        return self.name in (os.environ if environ is None else environ)
-
     def get(self, environ: Mapping[str, str] | None = None) -> Any:
         """The parsed value (the default when unset); :class:`EnvError` when invalid."""
         environ = os.environ if environ is None else environ
@@ -113,6 +112,10 @@ SHARDED_VERIFY = Flag(
     "VLLM_KIMI_EXT_SHARDED_VERIFY", "bool", False,
     "verify drafts over vocabulary shards instead of all-gathering logits (experimental; "
     "every ineligible step falls back to stock, counted per reason)", "off")
+SHARDED_VERIFY_GRAPHS = Flag(
+    "VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS", "bool", True,
+    "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture each verification step shape in its own "
+    "CUDA graph and replay it (off: run the same step eagerly)", "on")
 SKIP_DRAFT_CHECK = Flag(
     "VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "bool", False,
     "skip the configuration-time draft checks (`vllm-kimi-ext doctor` runs the same checks "
@@ -123,7 +126,7 @@ PROJECT_ENV = Flag(
     "`.venv`")
 
 FLAGS: tuple[Flag, ...] = (ENABLE, ALLOW_MISMATCH, COUNT_COLLECTIVES, CHECK_DRAFT_AGREEMENT,
-                           SHARDED_VERIFY, SKIP_DRAFT_CHECK, PROJECT_ENV)
+                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, SKIP_DRAFT_CHECK, PROJECT_ENV)
 PREFIX = ENABLE.name
 
 

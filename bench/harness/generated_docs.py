@@ -43,9 +43,17 @@ GENERATORS: tuple[DocGenerator, ...] = (
 )
 
 
+#: the verify block of docs/cost-model.md: three verifiers priced from the measured report
+#: (a second generator of that document; each replaces only its own blocks)
+GENERATORS += (DocGenerator("vllm_kimi_ext.costmodel.verify_report", "docs", ("cost-model.md",),
+                            updates=("cost-model.md",)),)
+
+
 def documents() -> list[str]:
-    """Every generated document, relative to the repository root."""
-    return [str(Path(g.directory) / d) for g in GENERATORS for d in g.documents]
+    """Every generated document, relative to the repository root (once each, although
+    several generators may update one)."""
+    return list(dict.fromkeys(str(Path(g.directory) / d) for g in GENERATORS
+                              for d in g.documents))
 
 
 def regenerate(root: Path, scratch: Path) -> list[str]:

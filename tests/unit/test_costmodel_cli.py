@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +162,50 @@ def test_bad_hardware_profile_names_its_field(tmp_path, capsys):
 def test_draft_without_acceptance_asks_for_it(capsys):
     rc, _, err = run(["--draft", "nvidia-eagle3"], capsys)
     assert rc == 2 and "--tau" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# vllm-kimi-ext plan --verify-cost
+# ---------------------------------------------------------------------------------------------
+
+
+VERIFY_FIXTURE = Path(__file__).parent / "fixtures" / "verify_graph_fixture.json"
+
+
+def test_plan_verify_cost_prints_the_priced_tables(capsys):
+    rc, out, _ = run(["--verify-cost", "--verify-report", str(VERIFY_FIXTURE), "--batch", "16"],
+                       capsys)
+    assert rc == 0 and "FIXTURE" in out and "not a measurement of it" in out
+    assert re.search(r"^16 +64 +T=1\.0, top_p 0\.95 ", out, re.M)  # --batch joins 1, 8, 32, 64
+    assert "wins from batch" in out and "batch-sharded vs stock" in out
+
+
+def test_plan_verify_cost_without_a_report_prices_nothing(capsys, tmp_path, monkeypatch):
+    from vllm_kimi_ext.costmodel import verify_cost as vc
+
+    monkeypatch.setattr(vc, "DEFAULT_REPORT", tmp_path / "absent.json")
+    rc, out, _ = run(["--verify-cost"], capsys)
+    assert rc == 0 and out.startswith(vc.NOT_PRICED)
+    assert not re.search(r"\d+ \+ \d+ = \d+", out)
+    assert "wins from" not in out and "wins at" not in out
+
+
+BAD_PLAN = [  # (arguments, words of the one-line error); "{bad}" is a malformed report
+    (["--verify-report", "r.json"], "--verify-report needs --verify-cost"),
+    (["--verify-cost", "--verify-report", "{absent}"], "no such verify-step report"),
+    (["--verify-cost", "--verify-report", "{bad}"], "field 'rounds' must be a positive"),
+    (["--verify-cost", "--verify-report", "{dir}"], "no such verify-step report"),
+    (["--verify-cost", "--batch", "0"], "--batch must be"),
+]
+
+
+@pytest.mark.parametrize("args,words", BAD_PLAN, ids=[" ".join(a) for a, _ in BAD_PLAN])
+def test_plan_verify_cost_refuses_bad_input_in_one_line(args, words, capsys, tmp_path):
+    d = json.loads(VERIFY_FIXTURE.read_text())
+    d["cases"][2]["rounds"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    paths = {"{absent}": str(tmp_path / "absent.json"), "{bad}": str(bad), "{dir}": str(tmp_path)}
+    rc, out, err = run([paths.get(a, a) for a in args], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert words in err and "Traceback" not in err

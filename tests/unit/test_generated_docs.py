@@ -44,6 +44,13 @@ def _stale_copy(tmp_path: Path) -> Path:
         new, n = re.subn(pattern, repl, text, count=1)
         assert n == 1, f"{rel}: the planted edit {pattern!r} no longer matches"
         (root / rel).write_text(new)
+    # a second generator of cost-model.md (vllm_kimi_ext.costmodel.verify_report): a line of
+    # its own generated block, so its --check-docs sees a stale copy too
+    path = root / "docs/cost-model.md"
+    text, n = re.subn(r"\| batch \| verified rows \|", "| batch | rows |", path.read_text(),
+                      count=1)
+    assert n == 1, "docs/cost-model.md: the planted verify-block edit no longer matches"
+    path.write_text(text)
     return root
 
 

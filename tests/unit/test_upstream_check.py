@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.testing import upstream_check as uc
+from testkit import upstream_check as uc
 
 CONFIG = """\
 repos:

@@ -24,16 +24,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 KINDS = ("models", "hardware", "latency", "drafts")
 _SINGULAR = {"models": "model", "hardware": "hardware", "latency": "latency table",
              "drafts": "draft"}
 
 
-class ProfileError(ValueError):
+class ProfileError(UserInputError):
     """A profile that cannot be used; the message names the file and the field."""
 
 
-class UnknownProfileError(KeyError, ValueError):
+class UnknownProfileError(KeyError, UserInputError):
     """Raised for a profile name that is not shipped; the message lists the valid ones."""
 
     def __init__(self, kind: str, name: str, valid: list[str]):
@@ -311,13 +313,6 @@ class HardwareProfile:
     calibration: dict[str, Any]
     assumptions: tuple[str, ...] = ()
     raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
-
-    @property
-    def calibration_context(self) -> int:
-        return int(self.calibration.get("context_tokens", 1024))
-
-    def backend_is_stock(self, backend: str) -> bool:
-        return bool(self.backends.get(backend, {}).get("stock", False))
 
     def with_overrides(self, **changes: Any) -> HardwareProfile:
         """A copy with some fields replaced (what-if studies and tests)."""

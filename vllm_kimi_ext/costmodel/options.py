@@ -45,9 +45,21 @@ REQ_REDUCED = Requirement("a 32K-vocabulary draft head with a d2t map: this proj
 REQ_REDUCED_OTHER = Requirement("a reduced-vocabulary head for this draft kind: shrink-vocab "
                                 "writes EAGLE-3 heads only", False,
                                 "reduced head (not buildable)")
-REQ_SHARDED = Requirement("the vocabulary-sharded verifier (VLLM_KIMI_EXT_SHARDED_VERIFY=1, "
-                          "experimental; requests with top-p fall back to the stock gather)",
-                          True, "sharded verifier (experimental)")
+REQ_SHARDED = Requirement("the vocabulary-sharded verifier (VLLM_KIMI_EXT_SHARDED_VERIFY=1), "
+                          "measured faster than stock under Kimi's sampling at this batch",
+                          True, "sharded verifier")
+
+
+def _sharded_requirement(cm: CostModel, plan: Plan) -> Requirement:
+    """REQ_SHARDED where the measured verify steps price it below stock (verify_cost.py),
+    else a requirement nobody meets: the recommender never offers a slower verifier."""
+    from vllm_kimi_ext.costmodel.verify_cost import sharded_recommendable
+
+    ok, why = sharded_recommendable(cm, plan.batch, plan.k)
+    if ok:
+        return REQ_SHARDED
+    return Requirement(f"the vocabulary-sharded verifier (VLLM_KIMI_EXT_SHARDED_VERIFY=1): {why}",
+                       False, "sharded verifier (not measured faster)")
 
 
 def requirements(cm: CostModel, plan: Plan) -> list[Requirement]:
@@ -74,7 +86,7 @@ def requirements(cm: CostModel, plan: Plan) -> list[Requirement]:
     if plan.vocab == "reduced":
         req.append(REQ_REDUCED if d.kind in ("eagle3", "eagle3_mla") else REQ_REDUCED_OTHER)
     if plan.verifier == "sharded":
-        req.append(REQ_SHARDED)
+        req.append(_sharded_requirement(cm, plan))
     return req
 
 

@@ -4,9 +4,9 @@ Standard library only (PyYAML is imported lazily, by ``hooks`` only): the ``hook
 in the check's own environment (the tool versions pinned by vLLM 0.34.0's
 ``.pre-commit-config.yaml``), the ``tests`` step in the project environment (it imports vLLM).
 
-    python -m vllm_kimi_ext.testing.upstream_check pins  TREE           # what to install
-    python -m vllm_kimi_ext.testing.upstream_check hooks TREE BIN_DIR   # run the hooks
-    python -m vllm_kimi_ext.testing.upstream_check tests TREE REPORT    # per-patch tests
+    python -m testkit.upstream_check pins  TREE           # what to install
+    python -m testkit.upstream_check hooks TREE BIN_DIR   # run the hooks
+    python -m testkit.upstream_check tests TREE REPORT    # per-patch tests
 
 ``TREE`` is the prepared vLLM tree (tag ``v0.34.0`` = the sdist, branch ``kimi-ext`` = one
 commit per patch). Exit status: 0 clean, 1 findings (a hook failed, a test failed on the
