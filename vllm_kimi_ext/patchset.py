@@ -450,10 +450,52 @@ def _write_if_changed(path: Path, data: bytes) -> None:
         _progress(f"wrote {path}")
 
 
-def export_series(tree: Path, patch_dir: Path, shipped_series: Path) -> list[str]:
+_AUTHOR_RE = re.compile(r"^[^<>\n]+ <[^<>@\s]+@[^<>\s]+>$")
+
+
+def parse_author(author: str) -> str:
+    """``Name <email>`` normalised; a one-line error otherwise."""
+    author = " ".join(author.split())
+    if not _AUTHOR_RE.match(author):
+        raise PatchSetError(f"--author {author!r}: expected 'Name <email>'")
+    return author
+
+
+def default_author(tree: Path | None = None) -> str:
+    """``git config user.name <user.email>`` (of ``tree`` when given)."""
+    where = ["-C", str(tree)] if tree is not None else []
+    values = []
+    for key in ("user.name", "user.email"):
+        proc = subprocess.run(["git", *where, "config", key], capture_output=True, text=True)
+        values.append(proc.stdout.strip())
+    if not all(values):
+        raise PatchSetError("no patch author: pass --author 'Name <email>' or set git config "
+                            "user.name and user.email")
+    return parse_author(f"{values[0]} <{values[1]}>")
+
+
+def _set_author(patch: bytes, author: str) -> bytes:
+    """The ``From:`` header and every ``Signed-off-by:`` line of the commit
+    message (one, at its end, if there was none) name ``author``."""
+    text = patch.decode("utf-8")
+    head, sep, rest = text.partition("\n---\n")
+    lines = [ln for ln in head.split("\n") if not ln.startswith("Signed-off-by: ")]
+    lines = [f"From: {author}" if ln.startswith("From: ") else ln for ln in lines]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    lines += ["", f"Signed-off-by: {author}"]
+    return ("\n".join(lines) + sep + rest).encode("utf-8")
+
+
+def export_series(tree: Path, patch_dir: Path, shipped_series: Path,
+                  author: str | None = None) -> list[str]:
     """Regenerate the patch files, ``series`` and the package's series record
     (``shipped_series``, i.e. ``vllm_kimi_ext/series.json``) from the fork
     branch commits.
+
+    ``author`` (``Name <email>``, see :func:`parse_author`) replaces each
+    patch's ``From:`` and ``Signed-off-by:`` lines, so the sign-off is the
+    contributor's; None keeps the commits' own.
 
     Files are written only when their content changes, so exporting an
     unmodified branch is a no-op (the round trip is byte-stable). The tree's
@@ -473,7 +515,10 @@ def export_series(tree: Path, patch_dir: Path, shipped_series: Path) -> list[str
         patch_dir.mkdir(parents=True, exist_ok=True)
         old = {p.name for p in patch_dir.glob("*.patch")}
         for name in produced:
-            _write_if_changed(patch_dir / name, (scratch / name).read_bytes())
+            data = (scratch / name).read_bytes()
+            if author is not None:
+                data = _set_author(data, author)
+            _write_if_changed(patch_dir / name, data)
         for stale in sorted(old - set(produced)):
             (patch_dir / stale).unlink()
             _progress(f"removed {stale} (no longer on {FORK_BRANCH})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,54 @@ def test_relative_patch_dir_is_resolved_before_git_runs_in_the_tree(fake_vllm, t
     monkeypatch.chdir(tmp_path)
     assert patchset.check_series(fake_vllm, Path("patches"))
     assert patchset.apply_series(fake_vllm, Path("patches")).changed
+
+
+def test_export_author_signs_every_patch_and_still_applies(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    old_sign_off = "\n\nSigned-off-by: Old Name <old@example.org>"
+    _make_patches(fake_vllm, pdir, [("[A] first" + old_sign_off, "line_3 = 3", "line_3 = 33"),
+                                    ("[B] second", "line_5 = 5", "line_5 = 55")])
+    patchset.apply_series(fake_vllm, pdir)
+    shipped = tmp_path / "series.json"
+    author = patchset.parse_author("  Ada  Lovelace <ada@example.org> ")
+    patchset.export_series(fake_vllm, pdir, shipped, author=author)
+    patches = sorted(pdir.glob("000*.patch"))
+    assert len(patches) == 2
+    for patch in patches:
+        text = patch.read_text()
+        message = text.split("\n---\n", 1)[0]
+        assert "From: Ada Lovelace <ada@example.org>\n" in text
+        assert [ln for ln in message.splitlines() if ln.startswith("Signed-off-by:")] == [
+            "Signed-off-by: Ada Lovelace <ada@example.org>"]
+        assert "old@example.org" not in message
+    before = {p.name: p.read_bytes() for p in pdir.iterdir()}
+    patchset.export_series(fake_vllm, pdir, shipped, author=author)
+    assert {p.name: p.read_bytes() for p in pdir.iterdir()} == before  # byte-stable
+    _git(fake_vllm, "checkout", "-q", "-f", patchset.BASELINE_TAG)
+    patchset.apply_series(fake_vllm, pdir)  # the signed patches still apply
+    log = _git(fake_vllm, "log", "-1", "--format=%an <%ae>%n%B", "HEAD~1")
+    assert log.startswith("Ada Lovelace <ada@example.org>")
+    assert "Signed-off-by: Ada Lovelace <ada@example.org>" in log
+
+
+@pytest.mark.parametrize("bad", ["Ada", "<ada@example.org>", "Ada <ada>", "Ada <a@b> x",
+                                 "Ada <<a@b>>", ""])
+def test_bad_author_is_a_one_line_error(bad):
+    with pytest.raises(PatchSetError, match=r"^--author .*: expected 'Name <email>'$"):
+        patchset.parse_author(bad)
+
+
+def test_default_author_is_git_config_or_a_clear_error(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in ("HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    with pytest.raises(PatchSetError, match="no patch author: pass --author"):
+        patchset.default_author(repo)
+    subprocess.run(["git", "-C", str(repo), "config", "user.name", "Ada Lovelace"], check=True)
+    subprocess.run(["git", "-C", str(repo), "config", "user.email", "ada@example.org"],
+                   check=True)
+    assert patchset.default_author(repo) == "Ada Lovelace <ada@example.org>"
