@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_kimi_ext.drafts.cross_tokenizer import (
+from vllm_kimi_ext.drafts.tli.cross_tokenizer import (
     build_intersection,
     expected_acceptance,
     intersection_from_tokenizer_dirs,

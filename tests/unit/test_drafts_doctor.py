@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_ext.drafts import cli as drafts_cli
-from vllm_kimi_ext.drafts.doctor import diagnose, effective_aux_layer_ids
+from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose, effective_aux_layer_ids
 from vllm_kimi_ext.testing.checkpoints import (
     TinyEagle3Spec,
     TinyKimiSpec,

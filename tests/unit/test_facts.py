@@ -11,7 +11,7 @@ import pytest
 
 import vllm_kimi_ext
 from vllm_kimi_ext import facts
-from vllm_kimi_ext.drafts import placement_table as pt
+from vllm_kimi_ext.costmodel import placement_table as pt
 
 PACKAGE = Path(vllm_kimi_ext.__file__).parent
 

@@ -73,7 +73,7 @@ def _mtp_cfg(path):
 def test_int4_mtp_loads_with_the_targets_quantization(tmp_path, emulated_wna16_backend):
     from safetensors.torch import load_file
 
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
     from vllm_kimi_ext.testing.vllm_cpu import load_model
 
     written = write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True, int4_experts=True)
@@ -143,7 +143,7 @@ def _unquantize_mtp_experts(path):
 
 def test_unquantized_mtp_under_int4_config_is_named_before_loading(
         tmp_path, emulated_wna16_backend):
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
     from vllm_kimi_ext.testing.vllm_cpu import load_model
 
     write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True, int4_experts=True)
@@ -170,7 +170,7 @@ def test_unquantized_mtp_under_int4_config_is_named_before_loading(
 ])
 def test_doctor_quantization_decision_matches_vllm(tmp_path, emulated_wna16_backend,
                                                    extra_ignore, expect_quantized):
-    from vllm_kimi_ext.drafts.doctor import mtp_experts_quantized
+    from vllm_kimi_ext.drafts.doctor.diagnosis import mtp_experts_quantized
     from vllm_kimi_ext.testing.vllm_cpu import cpu_config_without_triton_cpu
 
     write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True)

@@ -52,7 +52,7 @@ def _mtp_only_dir(path, model_type: str):
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "kimi_k2"])
 def test_deepseek_typed_mtp_dir_loads_for_kimi_target(target, tmp_path, model_type):
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
     from vllm_kimi_ext.testing.vllm_cpu import (
         check_mtp_forward,
         load_checked_kimi_mtp,

