@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,16 @@ def test_a_mistyped_field_names_the_value(tamper):
     tamper("models", "kimi-k2.5", lambda d: d.update(hidden_size="7k"))
     with pytest.raises(facts.FactsError, match="'hidden_size' is '7k' \\(expected int\\)"):
         facts.target_dims()
+
+
+def test_choosing_a_draft_dflash_example_uses_the_profile_layer_count():
+    """docs/choosing-a-draft.md's DFlash row is worked for the profile's layer count."""
+    text = (PACKAGE.parent / "docs" / "choosing-a-draft.md").read_text()
+    m = re.search(r"\(126 \+ 2L\)/τ; e\.g\. L=(\d+): ([\d.]+) / ([\d.]+) \|", text)
+    assert m, "the DFlash row of docs/choosing-a-draft.md is gone"
+    layers = facts.draft_num_layers(pt.DFLASH_DRAFT)
+    acc = facts.published_acceptance(pt.DFLASH_DRAFT).lengths
+    dims = facts.target_dims()
+    per_step = dims.allreduces_per_pass + dims.logits_allgathers + 2 * layers + 2
+    assert (int(m.group(1)), float(m.group(2)), float(m.group(3))) == (
+        layers, round(per_step / acc["mt-bench"], 1), round(per_step / acc["gsm8k"], 1))

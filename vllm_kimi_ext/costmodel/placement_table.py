@@ -35,6 +35,7 @@ from pathlib import Path
 
 from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel.acceptance import rate_from_tau, tau_from_constant_rate
+from vllm_kimi_ext.patch_ids import DRAFT_MODEL_TP1, ref
 
 #: draft profiles whose published acceptance lengths the table extends to other k
 EAGLE3_DRAFT = "lightseek-eagle3"
@@ -124,7 +125,8 @@ def render() -> str:
         "* Standalone draft models (`draft_model`, and `kimi_tli` for a draft with "
         "another tokenizer): an L-layer draft makes 2L + 2 collectives per draft token "
         "sharded like the target (e.g. a 28-layer Qwen3-0.6B-sized draft: 58, k·58 per "
-        "step), 0 with `draft_tensor_parallel_size: 1` (dense drafts, patch 0011). No "
+        "step), 0 with `draft_tensor_parallel_size: 1` (dense drafts, "
+        f"{ref(*DRAFT_MODEL_TP1)}). No "
         "acceptance length is published for any Kimi-K2.5 draft model, so they have no "
         "column; `kimi_tli`'s id maps add no collective.",
         "* τ(k): the published mean acceptance lengths are extended to other k with a "

@@ -15,7 +15,7 @@ Usage::
                                "speculator_options": {"draft_tokenizer": "/models/small-draft"}}'
 
 (``draft_tensor_parallel_size: 1``: the whole dense draft on every rank, no
-collectives while drafting; patch 0011.)
+collectives while drafting; the draft-TP-1 patches, ``patch_ids.DRAFT_MODEL_TP1``.)
 
 ``speculator_options`` (all optional):
 

@@ -455,7 +455,7 @@ def diagnose_mtp(target_cfg: dict, draft_cfg: dict, tensors: TensorIndex, *,
     out += check_hidden(cfg, int(tgt.get("hidden_size") or 0))
     # A separate MTP directory for a kimi_k25 target may carry the target's
     # kimi_k25 config or a DeepSeek-V3 text config (deepseek_v3 / kimi_k2): patches
-    # 0005 and 0012 load both as KimiK25MTPModel.
+    # the kimi-k25-mtp and kimi-mtp-deepseek-dir patches load both as KimiK25MTPModel.
     h = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
     for k in range(layers, layers + n):
