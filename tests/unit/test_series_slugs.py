@@ -181,3 +181,18 @@ def test_readme_status_line_example_matches_the_series():
     assert m.groups() == (nums[0], nums[-1], str(len(nums))), (
         f"README status line says {m.group(0)!r}; the series is {nums[0]}-{nums[-1]} "
         f"({len(nums)} patches)")
+
+
+def test_bench_reports_the_applied_series_as_matching_despite_slugs(monkeypatch):
+    """The bench's environment record compares series and file fingerprints, not slugs."""
+    from bench.harness import common
+    from vllm_kimi_ext import compat
+
+    expected = compat.expected_record()
+    tree = json.loads(json.dumps(expected))
+    for entry in tree["series"]:
+        entry.pop("slug")
+    monkeypatch.setattr(compat, "applied_record", lambda: tree)
+    assert common.patch_series()["matches_package"] is True
+    tree["files"] = {**tree["files"], "vllm/x.py": "0" * 64}
+    assert common.patch_series()["matches_package"] is False
