@@ -16,13 +16,11 @@ from vllm_kimi_ext.costmodel import placement_table as pt
 
 PACKAGE = Path(vllm_kimi_ext.__file__).parent
 
-# Modules that still spell a Kimi dimension as a number literal. Both are benchmark
-# and test harness modules due to leave the package; delete an entry when its
-# module reads vllm_kimi_ext.facts (or leaves). The test fails on stale entries.
-LITERAL_ALLOW_LIST = {
-    # the GPU kernel check sizes one case like Kimi-K2.5 on purpose (a harness, not a fact)
-    "testing/verify_kernel_check.py",
-}
+# Package modules that still spell a Kimi dimension as a number literal; delete an entry
+# when its module reads vllm_kimi_ext.facts (or leaves). The test fails on stale entries.
+# (The GPU kernel check, which sizes one case like Kimi-K2.5 on purpose, left the package
+# for testkit/.)
+LITERAL_ALLOW_LIST: set[str] = set()
 
 
 #: Modules that may spell a Kimi special token, each with its reason.
@@ -75,7 +73,6 @@ def test_kimi_dims_are_not_repeated_as_literals():
 
 def test_kimi_special_tokens_are_not_repeated_as_literals():
     found = _modules_with_literals(set(), set(facts.special_tokens().all))
-    found = {m for m in found if not m.startswith("testing/")}  # the harness leaves the package
     assert found - TOKEN_ALLOW_LIST == set(), \
         "read these from vllm_kimi_ext.facts.special_tokens() instead of a literal"
     assert TOKEN_ALLOW_LIST - found == set(), "stale allow-list entries: remove them"

@@ -5,10 +5,10 @@
 * :mod:`.draft_agreement`: the opt-in check that every TP rank proposed the same draft
   tokens, called by ``runtime/target_dependent_ar_speculator.py``;
 * :mod:`.tli_config` / :mod:`.tli_speculator`: ``method: "kimi_tli"``, registered with
-  vLLM's custom-speculator API by the plugin;
-* :mod:`.installed_vllm`: what the installed vLLM carries, for checks that run without it.
+  vLLM's custom-speculator API by the plugin.
 
-Together with ``runtime/``, ``verify/`` and ``plugin.py`` these are the only product modules
-that import vLLM (``tests/unit/test_package_boundaries.py`` enforces it); the draft tools
-(``drafts/``) and ``checkpoints/`` run without vLLM installed.
+Together with ``runtime/``, ``verify/``, ``plugin.py``, ``compat.py`` (the pin) and the
+training capture, these are the only product modules that import vLLM
+(``tests/unit/test_package_boundaries.py`` enforces it); the draft tools (``drafts/``) and
+``checkpoints/`` run without vLLM installed.
 """

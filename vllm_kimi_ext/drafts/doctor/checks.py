@@ -138,9 +138,9 @@ def check_mtp_rewrite(draft_cfg: dict, vllm_keeps_heads: bool | None) -> list[Fi
         return []
     if _is_eagle3_arch(arch):  # only such heads can be kept, and only by a fixed vLLM
         if vllm_keeps_heads is None:
-            from vllm_kimi_ext.integration.installed_vllm import keeps_eagle3_deepseek_heads
+            from vllm_kimi_ext.compat import vllm_keeps_eagle3_deepseek_heads
 
-            vllm_keeps_heads = keeps_eagle3_deepseek_heads()
+            vllm_keeps_heads = vllm_keeps_eagle3_deepseek_heads()
         if vllm_keeps_heads:
             return []
     fix = ("set model_type 'deepseek_v2' in the draft's config.json, or use a vLLM "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,10 +382,6 @@ def diagnose(
         tensors_complete=not any(p.kind in ("missing", "header") for p in problems),
         files=files)
     return DoctorReport(str(target), str(draft), method, findings)
-
-
-def format_findings(findings: Iterable[Finding]) -> str:
-    return "\n".join(str(f) for f in findings)
 
 
 def raise_on_errors(report: DoctorReport, logger=None, *, context: Sequence[str] = ()) -> None:
