@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,8 +223,10 @@ def test_vllm_gumbel_sampler_draws_the_tli_distribution(dirs, tmp_path):
         from testkit.tli_scenarios import gumbel_check
         print("RESULT" + json.dumps(gumbel_check({str(target_dir)!r}, {str(draft.path)!r})))
     """)
+    repo = Path(__file__).resolve().parents[2]  # testkit/ is imported from the repository root
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "VLLM_TARGET_DEVICE": "cpu"}
+           "VLLM_TARGET_DEVICE": "cpu",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=600, cwd=tmp_path)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
