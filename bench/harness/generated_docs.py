@@ -36,8 +36,8 @@ class DocGenerator:
 GENERATORS: tuple[DocGenerator, ...] = (
     DocGenerator("vllm_kimi_ext.costmodel.report", "docs", ("what-to-run.md", "cost-model.md"),
                  updates=("cost-model.md",)),
-    DocGenerator("vllm_kimi_ext.drafts.placement_table", "docs", ("collectives-per-token.md",)),
-    DocGenerator("vllm_kimi_ext.drafts.doctor_codes", "docs", ("doctor.md",),
+    DocGenerator("vllm_kimi_ext.costmodel.placement_table", "docs", ("collectives-per-token.md",)),
+    DocGenerator("vllm_kimi_ext.drafts.doctor.codes", "docs", ("doctor.md",),
                  updates=("doctor.md",)),
     DocGenerator("bench.harness.readme", ".", ("README.md",), updates=("README.md",)),
 )

@@ -25,6 +25,7 @@ from vllm_kimi_ext.costmodel.recommend import (
     BandRecommendation,
     recommend_across_band,
 )
+from vllm_kimi_ext.patch_ids import ref
 
 README_HEADING = "## What to run on 8× PCIe"
 BATCH = 1
@@ -116,7 +117,8 @@ def serve_command(plan: Plan, requires=()) -> str:
 def _describe_choice(h: Headline) -> str:
     p = h.plan
     place = {"tp8": "sharded over the 8 GPUs like the target (stock)",
-             "tp8-repemb": "sharded, with its own replicated embedding (patch 0007)",
+             "tp8-repemb": "sharded, with its own replicated embedding "
+                           f"({ref('replicate-draft-embedding')})",
              "tp1": "whole on every GPU (draft TP=1)"}[p.placement]
     verifier = ("stock full-logits all-gather" if p.verifier == "gather"
                 else "vocabulary-sharded (experimental)")

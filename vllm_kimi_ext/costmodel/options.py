@@ -11,6 +11,7 @@ from typing import Any
 
 from vllm_kimi_ext.costmodel.draft_cost import REPLICABLE_EMBEDDING
 from vllm_kimi_ext.costmodel.model import CostModel, Plan, StepEstimate
+from vllm_kimi_ext.patch_ids import DRAFT_MODEL_TP1, DRAFT_TP1, ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,18 +26,21 @@ class Requirement:
         return self.text
 
 
+_TP1_EAGLE = ref(*DRAFT_TP1)
 REQ_TP1_EAGLE = Requirement(
-    "draft at TP=1 (replicated on every rank): this project's patch 0006 (stock vLLM 0.34 "
+    f"draft at TP=1 (replicated on every rank): this project's {_TP1_EAGLE} (stock vLLM 0.34 "
     "builds EAGLE/MTP drafts on the target's TP group and ignores draft_tensor_parallel_size=1)",
-    True, "patch 0006 (draft TP=1)")
-REQ_TP1_MODEL = Requirement("draft model at TP=1: this project's patch 0009", True,
-                            "patch 0009 (draft TP=1)")
+    True, f"{_TP1_EAGLE} (draft TP=1)")
+_TP1_MODEL = ref(*DRAFT_MODEL_TP1)
+REQ_TP1_MODEL = Requirement(f"draft model at TP=1: this project's {_TP1_MODEL}", True,
+                            f"{_TP1_MODEL} (draft TP=1)")
 REQ_TP1_BLOCK = Requirement(
     "a block drafter (DFlash/DSpark) at TP=1: no vLLM 0.34 option and no patch of this project",
     False, "block drafter at TP=1 (not buildable)")
-REQ_REPEMB = Requirement("replicated draft embedding: this project's patch 0007 "
-                         "(replicate_draft_embedding)", True, "patch 0007")
-REQ_REPEMB_OTHER = Requirement("a replicated embedding for this draft kind: patch 0007 covers "
+_REPEMB = ref("replicate-draft-embedding")
+REQ_REPEMB = Requirement(f"replicated draft embedding: this project's {_REPEMB} "
+                         "(replicate_draft_embedding)", True, _REPEMB)
+REQ_REPEMB_OTHER = Requirement(f"a replicated embedding for this draft kind: {_REPEMB} covers "
                                "EAGLE/EAGLE-3/MTP drafts only", False,
                                "replicated embedding (not buildable)")
 REQ_REDUCED = Requirement("a 32K-vocabulary draft head with a d2t map: this project's "

@@ -199,15 +199,20 @@ def anatomy_markdown(hardware: str = PCIE) -> str:
     m = cm.model
     w1 = cm.target_weight_bytes(1)
     rep, shd = m.mla_params()
+    dense, moe, h = m.first_k_dense_replace, m.num_layers - m.first_k_dense_replace, m.hidden_size
     notes = {
-        "attention": f"61 x ({rep / 1e6:.1f}M replicated fused_qkv_a + {shd / 1e6:.1f}M / TP) "
-                     f"bf16; replicated part {m.num_layers * rep * m.dtype_bytes / 1e9:.2f} GB",
-        "dense_mlp": "1 dense layer, 3 x 7168 x 18432 / TP, bf16",
-        "router": "60 x 7168 x 384 bf16, replicated on every rank",
-        "shared_experts": "60 x 3 x 7168 x 2048 / TP, bf16",
-        "routed_experts": f"60 x 8 experts x {m.expert_params() / 1e6:.1f}M / TP at "
+        "attention": f"{m.num_layers} x ({rep / 1e6:.1f}M replicated fused_qkv_a + "
+                     f"{shd / 1e6:.1f}M / TP) bf16; replicated part "
+                     f"{m.num_layers * rep * m.dtype_bytes / 1e9:.2f} GB",
+        "dense_mlp": f"{dense} dense layer{'s' * (dense != 1)}, 3 x {h} x "
+                     f"{m.dense_intermediate_size} / TP, bf16",
+        "router": f"{moe} x {h} x {m.n_routed_experts} bf16, replicated on every rank",
+        "shared_experts": f"{moe} x {3 * m.n_shared_experts} x {h} x "
+                          f"{m.moe_intermediate_size} / TP, bf16",
+        "routed_experts": f"{moe} x {m.num_experts_per_tok} experts x "
+                          f"{m.expert_params() / 1e6:.1f}M / TP at "
                           f"{m.routed_expert_bits_per_weight:g} bits",
-        "lm_head": "163840 x 7168 / TP, bf16",
+        "lm_head": f"{m.vocab_size} x {h} / TP, bf16",
     }
     rows = [[k, f"{v / 1e9:.3f}", notes[k]] for k, v in w1.items()]
     rows.append(["**total**", f"**{sum(w1.values()) / 1e9:.3f}**",

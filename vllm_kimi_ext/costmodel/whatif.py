@@ -26,6 +26,7 @@ from vllm_kimi_ext.costmodel.catalog import DraftProfile
 from vllm_kimi_ext.costmodel.latency import load_latency_table
 from vllm_kimi_ext.costmodel.model import CostModel, Plan, Variant
 from vllm_kimi_ext.costmodel.recommend import MAX_K, recommend
+from vllm_kimi_ext.patch_ids import DRAFT_MODEL_TP1, ref
 
 BATCHES = (1, 16, 64)
 
@@ -174,10 +175,10 @@ LEVERS: list[tuple[Lever, Evaluate]] = [
            "every request without top-p (top-p falls back to the stock gather)",
            "this project: VLLM_KIMI_EXT_SHARDED_VERIFY=1", built=True),
      _set(verifier="sharded")),
-    (Lever("repemb", "Replicated draft embedding (built, patch 0007)",
+    (Lever("repemb", f"Replicated draft embedding (built, {ref('replicate-draft-embedding')})",
            "one draft collective fewer per draft token; 2 GB more per GPU",
            "this project: replicate_draft_embedding", built=True), _set(placement="tp8-repemb")),
-    (Lever("tp1", "Draft at TP=1 (built, patches 0006/0009)",
+    (Lever("tp1", f"Draft at TP=1 (built, {ref(*DRAFT_MODEL_TP1)})",
            "no draft collectives; every GPU streams the whole draft",
            "this project: draft_tensor_parallel_size 1", built=True), _set(placement="tp1")),
 ]

@@ -7,7 +7,7 @@ values are checked) and reports every way the pair is known to go wrong in vLLM
 0.34.0, each as a :class:`~vllm_kimi_ext.findings.Finding` with a stable code, a
 severity and a message that names the values involved (and ``file`` / ``field`` where
 it is about one). Every code, its severity and meaning are listed in one table,
-:data:`vllm_kimi_ext.drafts.doctor_codes.FINDING_CODES` (``vllm-kimi-ext doctor
+:data:`vllm_kimi_ext.drafts.doctor.codes.FINDING_CODES` (``vllm-kimi-ext doctor
 --list-codes``, ``docs/doctor.md``).
 
 What the doctor knows a draft is (:mod:`.draft_kinds`): EAGLE-3 needs an ``fc`` weight
@@ -18,21 +18,25 @@ swapped, is named as such. Config values of the wrong type are reported once
 (``E-CONFIG-MISSING``), never skipped silently.
 
 Nothing here imports vLLM or torch; :func:`check_speculative_config` (the
-plugin's configuration-time hook) lives in :mod:`vllm_kimi_ext.drafts.hook`.
+plugin's configuration-time hook) lives in :mod:`vllm_kimi_ext.integration.draft_check`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.checkpoints.safetensors_headers import (
+    TensorIndex,
+    WeightProblem,
+    scan_weights,
+)
 from vllm_kimi_ext.findings import Finding
 
-from .config_fields import validated_config
-from .doctor_checks import (
+from .checks import (
     CACHE_ONLY_ROPE_TYPES,
     architectures,
     check_aux,
@@ -53,7 +57,8 @@ from .doctor_checks import (
     text_field,
     uses_aux,
 )
-from .doctor_codes import ERROR, WARNING, finding
+from .codes import ERROR, WARNING, finding
+from .config_fields import validated_config
 from .draft_kinds import (
     DFLASH_ARCHITECTURES,
     DRAFT_ONLY_KEYS,
@@ -61,24 +66,16 @@ from .draft_kinds import (
     is_draft_architecture,
     resolved_architecture,
 )
-from .safetensors_headers import (
-    TensorIndex,
-    WeightProblem,
-    read_safetensors_header,
-    scan_weights,
-)
 
 __all__ = [
     "CACHE_ONLY_ROPE_TYPES",
     "METHODS",
     "DoctorReport",
-    "TensorIndex",
     "diagnose",
     "diagnose_configs",
     "effective_aux_layer_ids",
     "infer_method",
     "mtp_experts_quantized",
-    "read_safetensors_header",
 ]
 
 #: The methods the doctor checks (``--method``).
@@ -385,10 +382,6 @@ def diagnose(
         tensors_complete=not any(p.kind in ("missing", "header") for p in problems),
         files=files)
     return DoctorReport(str(target), str(draft), method, findings)
-
-
-def format_findings(findings: Iterable[Finding]) -> str:
-    return "\n".join(str(f) for f in findings)
 
 
 def raise_on_errors(report: DoctorReport, logger=None, *, context: Sequence[str] = ()) -> None:

@@ -1,6 +1,6 @@
 """Configuration-time draft checks inside vLLM (plugin side).
 
-:func:`check_speculative_config` runs :mod:`~vllm_kimi_ext.drafts.doctor` on a
+:func:`check_speculative_config` runs :mod:`~vllm_kimi_ext.drafts.doctor.diagnosis` on a
 built ``VllmConfig``: errors raise (nothing is served), warnings are logged.
 The seam is ``VllmConfig._limit_max_model_len_to_draft``, which
 ``VllmConfig.__post_init__`` calls once the speculative config (draft model
@@ -12,27 +12,13 @@ draft's, so the context-cap warning can name the length the user asked for
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from vllm_kimi_ext import envs
+from vllm_kimi_ext.checkpoints.local_dir import local_dir
 
 logger = logging.getLogger("vllm_kimi_ext")
 
 CHECKED_METHODS = ("eagle3", "dflash", "mtp")
-
-
-def _local_dir(name: str | None) -> Path | None:
-    if not name:
-        return None
-    path = Path(name)
-    if path.is_dir():
-        return path
-    try:  # a hub id already in the local cache; never downloads
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached / no hub client: skip the check
-        return None
 
 
 def _check_draft_tokenizer(model_config, draft_model_config) -> None:
@@ -40,8 +26,8 @@ def _check_draft_tokenizer(model_config, draft_model_config) -> None:
     target's ids mean (vLLM 0.34.0 only compares vocab sizes)."""
     from vllm_kimi_ext.tokenizers.compare import refuse_if_incompatible
 
-    target = _local_dir(getattr(model_config, "tokenizer", None) or model_config.model)
-    draft = _local_dir(getattr(draft_model_config, "tokenizer", None)
+    target = local_dir(getattr(model_config, "tokenizer", None) or model_config.model)
+    draft = local_dir(getattr(draft_model_config, "tokenizer", None)
                        or draft_model_config.model)
     if target is None or draft is None or not (target / "tiktoken.model").is_file() \
             or not (draft / "tiktoken.model").is_file():
@@ -54,7 +40,7 @@ def _check_draft_tokenizer(model_config, draft_model_config) -> None:
 
 def check_speculative_config(vllm_config) -> None:
     """Run the draft checks for ``vllm_config``; raise ``ValueError`` on errors."""
-    from .doctor import diagnose, raise_on_errors
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose, raise_on_errors
 
     spec = getattr(vllm_config, "speculative_config", None)
     model_config = getattr(vllm_config, "model_config", None)
@@ -68,8 +54,8 @@ def check_speculative_config(vllm_config) -> None:
         return
     if method not in CHECKED_METHODS or spec.draft_model_config is None:
         return
-    target = _local_dir(model_config.model)
-    draft = _local_dir(spec.draft_model_config.model)
+    target = local_dir(model_config.model)
+    draft = local_dir(spec.draft_model_config.model)
     if target is None or draft is None:
         logger.info("vllm-kimi-ext draft check skipped: %s / %s is not a local directory",
                     model_config.model, spec.draft_model_config.model)

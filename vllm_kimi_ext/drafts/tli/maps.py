@@ -1,6 +1,6 @@
 """Index maps that let a draft with *another tokenizer* draft for a Kimi target.
 
-:mod:`vllm_kimi_ext.drafts.cross_tokenizer` holds the algorithm (Token-Level
+:mod:`vllm_kimi_ext.drafts.tli.cross_tokenizer` holds the algorithm (Token-Level
 Intersection: restrict the draft distribution to the tokens both vocabularies
 share, renormalize, map to target ids, verify with standard rejection sampling).
 This module builds what a serving engine needs to run it:
@@ -18,7 +18,7 @@ This module builds what a serving engine needs to run it:
   what predicts the next token best).  This projection is a heuristic for
   acceptance only -- whatever the draft conditions on, the proposal is drawn from
   the distribution the verifier is given, so the output distribution is the
-  target's (see the proof in :mod:`~vllm_kimi_ext.drafts.cross_tokenizer`).
+  target's (see the proof in :mod:`~vllm_kimi_ext.drafts.tli.cross_tokenizer`).
 
 Tokenizers are read from disk by :mod:`vllm_kimi_ext.tokenizers.loading`:
 Kimi-format directories (``tiktoken.model`` + ``tokenizer_config.json``) and
@@ -196,7 +196,7 @@ def gather_to_target_torch(draft_logits: torch.Tensor, table: torch.Tensor) -> t
 @functools.cache
 def _triton_gather():
     try:
-        from ._tli_triton import gather_logits_triton
+        from ._triton import gather_logits_triton
     except ImportError:  # no Triton: the torch path serves CUDA too
         return None
     return gather_logits_triton

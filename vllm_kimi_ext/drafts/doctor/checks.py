@@ -1,9 +1,9 @@
-"""The draft doctor's individual checks (orchestrated by :mod:`vllm_kimi_ext.drafts.doctor`).
+"""The draft doctor's individual checks (run by :mod:`vllm_kimi_ext.drafts.doctor.diagnosis`).
 
 Every function here takes configs already validated by
-:func:`vllm_kimi_ext.drafts.config_fields.validated_config` (each value it reads has
+:func:`vllm_kimi_ext.drafts.doctor.config_fields.validated_config` (each value it reads has
 the documented type, or is absent) and returns findings made with
-:func:`~vllm_kimi_ext.drafts.doctor_codes.finding`. Standard library only.
+:func:`~vllm_kimi_ext.drafts.doctor.codes.finding`. Standard library only.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from vllm_kimi_ext.checkpoints.safetensors_headers import TensorIndex
 from vllm_kimi_ext.findings import Finding
 
-from .doctor_codes import finding
-from .safetensors_headers import TensorIndex
+from .codes import finding
 
 # RoPE types whose max_position_embeddings only sizes the cos/sin cache; vLLM
 # raises such a draft's limit to the target's instead of capping the context
@@ -131,20 +131,6 @@ def default_aux_layer_ids(num_target_layers: int) -> list[int]:
 # --------------------------------------------------------------------------- #
 
 
-def _vllm_keeps_eagle3_deepseek_heads() -> bool:
-    """Whether the installed vLLM carries the fix that keeps DeepSeek-type
-    EAGLE-3 heads out of the MTP rewrite (our patch adds the symbol)."""
-    try:
-        import importlib.util
-
-        if importlib.util.find_spec("vllm") is None:
-            return False
-        from vllm.config import speculative  # noqa: PLC0415
-    except Exception:  # noqa: BLE001 - any import problem means "stock"
-        return False
-    return hasattr(speculative, "_is_eagle3_draft_architecture")
-
-
 def check_mtp_rewrite(draft_cfg: dict, vllm_keeps_heads: bool | None) -> list[Finding]:
     """DeepSeek-type EAGLE-3 heads and vLLM's MTP rewrite."""
     arch, model_type = _arch(draft_cfg), draft_cfg.get("model_type")
@@ -152,7 +138,9 @@ def check_mtp_rewrite(draft_cfg: dict, vllm_keeps_heads: bool | None) -> list[Fi
         return []
     if _is_eagle3_arch(arch):  # only such heads can be kept, and only by a fixed vLLM
         if vllm_keeps_heads is None:
-            vllm_keeps_heads = _vllm_keeps_eagle3_deepseek_heads()
+            from vllm_kimi_ext.compat import vllm_keeps_eagle3_deepseek_heads
+
+            vllm_keeps_heads = vllm_keeps_eagle3_deepseek_heads()
         if vllm_keeps_heads:
             return []
     fix = ("set model_type 'deepseek_v2' in the draft's config.json, or use a vLLM "
@@ -467,7 +455,7 @@ def diagnose_mtp(target_cfg: dict, draft_cfg: dict, tensors: TensorIndex, *,
     out += check_hidden(cfg, int(tgt.get("hidden_size") or 0))
     # A separate MTP directory for a kimi_k25 target may carry the target's
     # kimi_k25 config or a DeepSeek-V3 text config (deepseek_v3 / kimi_k2): patches
-    # 0005 and 0012 load both as KimiK25MTPModel.
+    # the kimi-k25-mtp and kimi-mtp-deepseek-dir patches load both as KimiK25MTPModel.
     h = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
     for k in range(layers, layers + n):

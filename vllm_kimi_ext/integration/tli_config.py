@@ -4,7 +4,7 @@ Registered by the plugin through vLLM's own custom-speculator API
 (``register_speculative_method``), as a subclass of vLLM's ``draft_model``
 configuration: everything vLLM does for a standalone draft model (loading,
 KV cache, CUDA graphs, the expanded prefill, multi-step decode) is reused; the
-speculator (:mod:`vllm_kimi_ext.drafts.tli_speculator`) only changes the two
+speculator (:mod:`vllm_kimi_ext.integration.tli_speculator`) only changes the two
 places where ids cross between the vocabularies.
 
 Usage::
@@ -15,7 +15,7 @@ Usage::
                                "speculator_options": {"draft_tokenizer": "/models/small-draft"}}'
 
 (``draft_tensor_parallel_size: 1``: the whole dense draft on every rank, no
-collectives while drafting; patch 0011.)
+collectives while drafting; the draft-TP-1 patches, ``patch_ids.DRAFT_MODEL_TP1``.)
 
 ``speculator_options`` (all optional):
 
@@ -46,9 +46,9 @@ from typing import Any
 
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.config import StandaloneARSpeculatorConfig
 
+from vllm_kimi_ext.checkpoints.local_dir import local_dir
+from vllm_kimi_ext.drafts.tli.maps import TLIConfigError, TLIMaps, build_tli_maps
 from vllm_kimi_ext.tokenizers.loading import tokenizer_kind
-
-from .tli import TLIConfigError, TLIMaps, build_tli_maps
 
 logger = logging.getLogger("vllm_kimi_ext")
 
@@ -57,9 +57,7 @@ OPTIONS = frozenset({"draft_tokenizer", "target_tokenizer", "min_shared_tokens"}
 
 
 def _local_tokenizer_dir(name: Any, role: str, option: str) -> Path:
-    from .hook import _local_dir
-
-    path = _local_dir(str(name)) if name else None
+    path = local_dir(str(name)) if name else None
     if path is None:
         raise TLIConfigError(
             f"{TLI_METHOD}: the {role} tokenizer {name!r} is not a local directory (or a "
@@ -107,7 +105,7 @@ def maps_for(spec) -> TLIMaps:
 class TLISpeculatorConfig(StandaloneARSpeculatorConfig):
     """vLLM's ``draft_model`` speculator, with Token-Level-Intersection id maps."""
 
-    speculator_class = "vllm_kimi_ext.drafts.tli_speculator.TLISpeculator"
+    speculator_class = "vllm_kimi_ext.integration.tli_speculator.TLISpeculator"
     supported_options = frozenset({"speculator_options"})
     # Sizes may differ; build_tli_maps matches meanings instead.
     draft_has_own_vocab = False

@@ -1,5 +1,5 @@
 """The ``kimi_tli`` speculator: vLLM's standalone draft-model speculator, with the
-draft speaking another vocabulary (see :mod:`vllm_kimi_ext.drafts.tli_config`).
+draft speaking another vocabulary (see :mod:`vllm_kimi_ext.integration.tli_config`).
 
 Two seams of ``StandaloneARSpeculator`` change, both pure device-side lookups
 (static tables, no host sync, capturable in CUDA graphs):
@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 
-from .tli import gather_table, gather_to_target, project_inputs
+from vllm_kimi_ext.drafts.tli.maps import gather_table, gather_to_target, project_inputs
+
 from .tli_config import maps_for
 
 

@@ -42,11 +42,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from vllm_kimi_ext.checkpoints.safetensors_headers import TensorIndex
 from vllm_kimi_ext.user_input import UserInputError
 
 from .corpus import DEFAULT_FIELDS, CorpusError, iter_documents, sniff_corpus
 from .output_dir import clean_stale, write_directory_atomically
-from .safetensors_headers import TensorIndex
 
 __all__ = [
     "DEFAULT_FIELDS",
@@ -58,7 +58,6 @@ __all__ = [
     "check_inputs",
     "count_corpus",
     "forced_token_ids",
-    "iter_documents",
     "select_kept_ids",
     "shrink_vocab",
 ]
