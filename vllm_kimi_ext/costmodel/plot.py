@@ -151,7 +151,8 @@ def plot_levers(rows, path: str | Path, batch: int = 1) -> Path:
     card = [100 * r.gains[batch]["card"] for r in rows]
     lo = [100 * (r.gains[batch]["low"] or 0.0) for r in rows]
     hi = [100 * (r.gains[batch]["high"] or 0.0) for r in rows]
-    colors = ["0.6" if r.lever.built else "tab:blue" for r in rows]
+    colors = ["0.6" if r.lever.built else "tab:orange"
+              if r.lever.kind == "upper bound, no setting" else "tab:blue" for r in rows]
     ax.barh(ys, card, color=colors, height=0.6)
     span_lo = [min(a, b, c) for a, b, c in zip(lo, hi, card)]
     span_hi = [max(a, b, c) for a, b, c in zip(lo, hi, card)]
@@ -164,6 +165,6 @@ def plot_levers(rows, path: str | Path, batch: int = 1) -> Path:
     ax.set_xlabel(f"predicted gain at batch {batch}, % (bar: card acceptance; "
                   "line: range over the low / card / high scenarios)")
     ax.grid(alpha=0.3, axis="x")
-    ax.set_title("Levers (blue: not built yet; grey: shipped by this project); linear axis",
-                 fontsize=9)
+    ax.set_title("What-if (blue: a setting or package today; orange: upper bound, no setting; "
+                 "grey: this project)", fontsize=8)
     return _save(fig, path)
