@@ -333,8 +333,9 @@ def validate(cm: CostModel, points: list[CalibrationPoint] | None = None) -> Val
     """Measured against predicted at every point, with ``cm``'s (committed) parameters."""
     points = load_points(cm.hw) if points is None else points
     if not any(p.split == "calibration" for p in points):
-        raise ProfileError(f"hardware profile {cm.hw.name!r}: field 'calibration.runs' has no "
-                           "point with split 'calibration': nothing to validate against")
+        raise ProfileError(f"{cm.hw.where or f'hardware profile {cm.hw.name!r}'}: field "
+                           "'calibration.runs' has no point with split 'calibration': nothing "
+                           "to validate against")
     pred = _Predictor(cm)
     rows = tuple(Row(p, pred(cm.params, p)) for p in points)
     return ValidationReport(cm.hw.name, cm.params, rows)

@@ -237,12 +237,13 @@ def readme_section(h: Headline | None = None) -> str:
         "public Kimi-K2.x runs on 8x RTX PRO 6000 (held-out validation and every source in "
         "[docs/cost-model.md](docs/cost-model.md)), ranking only what stock vLLM 0.34.0 plus "
         "this project can build. Measure your box with `nox -s bench` and "
-        "`bench/e2e/runner.py`, then `vllm-kimi-ext plan --acceptance-from results.json`.",
+        "`bench/e2e/runner.py`, then "
+        "`vllm-kimi-ext plan --draft NAME --acceptance-from results.json`.",
         "",
         body,
         "",
-        "Every draft, the band, the sensitivity of this answer and the levers not built yet "
-        "(what-if ranking): [docs/what-to-run.md](docs/what-to-run.md).",
+        "Every draft, the band, the sensitivity of this answer and the what-if table (settings "
+        "you can apply, and upper bounds): [docs/what-to-run.md](docs/what-to-run.md).",
         "",
         "",
     ])

@@ -34,7 +34,12 @@ from vllm_kimi_ext.costmodel.calibration import (
     mean_abs,
     validate,
 )
-from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
+from vllm_kimi_ext.costmodel.catalog import (
+    DraftProfile,
+    list_profiles,
+    load_draft,
+    load_hardware,
+)
 from vllm_kimi_ext.costmodel.headline import (
     TARGET,
     headline,
@@ -53,6 +58,16 @@ from vllm_kimi_ext.costmodel.plot import (
     series,
 )
 from vllm_kimi_ext.costmodel.recommend import recommend, recommend_across_band
+from vllm_kimi_ext.user_input import (
+    EXIT_CODES_HELP,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    UserInputError,
+    bounded_int,
+    one_line,
+)
 
 PCIE = "rtx-pro-6000-pcie-x8"
 GENERATED_BLOCKS = ("calibration", "sources", "latency", "anatomy")
@@ -618,9 +633,12 @@ def stale_docs(docs_dir: str | Path) -> list[Path]:
             if not p.exists() or p.read_text() != text]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_kimi_ext.costmodel.report",
-                                 description=__doc__.split("\n\n")[0])
+PROG = "python -m vllm_kimi_ext.costmodel.report"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                 epilog=EXIT_CODES_HELP)
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--write-docs", type=Path, metavar="DIR",
                    help="regenerate what-to-run.md, the generated blocks of cost-model.md "
@@ -629,24 +647,76 @@ def main(argv: list[str] | None = None) -> int:
                    help="exit 1 if the generated documents under DIR are stale")
     g.add_argument("--report", type=Path, metavar="DIR",
                    help="write a plan report (markdown + PNG) into DIR")
-    ap.add_argument("--hardware", default=PCIE)
-    ap.add_argument("--draft", action="append", default=None)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--context", type=int, default=1024)
-    args = ap.parse_args(argv)
+    ap.add_argument("--hardware", default=PCIE, help=f"hardware profile (default {PCIE})")
+    ap.add_argument("--draft", action="append", default=None,
+                    help="draft profile for --report (repeat; default: the headline's report)")
+    ap.add_argument("--batch", type=bounded_int(1, 4096, what="a batch size"), default=1)
+    ap.add_argument("--context", type=bounded_int(0, 1 << 20, what="a context length"),
+                    default=1024)
+    ap.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
+
+    def one_line_error(message: str):  # argparse's usage dump would bury the reason
+        print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    ap.error = one_line_error
+    return ap
+
+
+def _directory(flag: str, path: Path, must_exist: bool) -> None:
+    """A directory argument: refused when it is a file, lies under a file, or (to check)
+    does not exist."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a directory")
+    if must_exist and not path.is_dir():
+        raise UsageError(f"{flag} {path}: no such directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+            break
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.write_docs:
+        _directory("--write-docs", args.write_docs, must_exist=False)
         for p in write_docs(args.write_docs):
             print(f"wrote {p}")
-        return 0
+        return EXIT_OK
     if args.check_docs:
+        _directory("--check-docs", args.check_docs, must_exist=True)
         stale = stale_docs(args.check_docs)
         for p in stale:
-            print(f"stale: {p} (run python -m vllm_kimi_ext.costmodel.report --write-docs "
-                  f"{args.check_docs})", file=sys.stderr)
-        return 1 if stale else 0
-    markdown_report(args.report, args.hardware, args.draft, args.batch, args.context)
+            print(f"stale: {p} (run {PROG} --write-docs {args.check_docs})", file=sys.stderr)
+        return EXIT_FINDINGS if stale else EXIT_OK
+    _directory("--report", args.report, must_exist=False)
+    load_hardware(args.hardware)  # an unknown name or a bad file: one line, exit 2
+    if args.draft:
+        for name in args.draft:
+            d = load_draft(name)  # an unknown name or a bad file: one line, exit 2
+            if from_draft_profile(d.acceptance) is None:
+                raise UsageError(f"--draft {name}: publishes no acceptance figure to report on")
+    try:
+        markdown_report(args.report, args.hardware, args.draft, args.batch, args.context)
+    except ValueError as exc:  # nothing fits in memory at this batch and context
+        if isinstance(exc, UserInputError):
+            raise
+        raise UsageError(f"--batch {args.batch} --context {args.context}: {exc}") from None
     print(f"wrote {args.report}")
-    return 0
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line, under the package's exit-code contract (0 clean, 1 stale documents,
+    2 usage or unreadable input: one line on stderr, never a traceback unless --debug)."""
+    from vllm_kimi_ext.cli import run_handler
+
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a refusal already printed (2)
+        return EXIT_OK if exc.code in (None, 0) else EXIT_USAGE
+    args.func, args._prog = _run, PROG
+    return run_handler(args)
 
 
 if __name__ == "__main__":
