@@ -351,6 +351,10 @@ def _print_plan(args, cm, rec, drafts_acc) -> None:
     print()
     for line in rec.explanation:
         print(f"- {line}")
+    if rec.best.plan.speculative:
+        from vllm_kimi_ext.costmodel.headline import public_status
+
+        print(f"- Public runs: {public_status(rec.best.plan)}")
     for line in rec.caveats:
         print(f"! {line}")
 

@@ -154,6 +154,14 @@ def _src(src: dict) -> str:
     return f"{src.get('repo', '?')} {src.get('file', '?')} @ {str(src.get('commit', '?'))[:10]}"
 
 
+def public_short(plan: Plan) -> str:
+    """A table cell: whether the exact configuration ran in public (with the file)."""
+    text = public_status(plan)
+    if text.startswith("**only in the model**"):
+        return "only in the model"
+    return "ran in public (" + text.rsplit("(", 1)[1]
+
+
 def public_status(plan: Plan) -> str:
     """Whether this exact configuration (draft checkpoint, Kimi-K2.5 target, stock vLLM,
     draft length) has run anywhere public, with the source; else that it exists only in

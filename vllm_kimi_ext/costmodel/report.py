@@ -44,6 +44,7 @@ from vllm_kimi_ext.costmodel.headline import (
     TARGET,
     headline,
     headline_markdown,
+    public_short,
     recommendation,
 )
 from vllm_kimi_ext.costmodel.latency import load_latency_table
@@ -419,7 +420,8 @@ def _drafts_section(cm: CostModel) -> list[str]:
         band = band_for(d, ratio=ratio)
         if band is None:
             rows.append([f"`{name}`", d.raw.get("trained_for", TARGET), "-", "-", "-",
-                         "-", "-", "no acceptance published: pass --tau or --acceptance-from"])
+                         "-", "-", "-", "no acceptance published: pass --tau or "
+                         "--acceptance-from"])
             continue
         r = recommend_across_band(cm, d, band, batch=1, context=1024)
         t, tau = r.robust_tps, r.robust_tau
@@ -430,7 +432,7 @@ def _drafts_section(cm: CostModel) -> list[str]:
                      f"{tau['low']:.2f} / {tau['card']:.2f} / {tau['high']:.2f}",
                      f"{t['low']:.0f} / {t['card']:.0f} / {t['high']:.0f}",
                      f"{t['card'] / h.no_spec_tps:.2f}x", needs,
-                     _headline_role(d, h, t["low"])])
+                     public_short(r.robust.plan), _headline_role(d, h, t["low"])])
     return ["## Every draft across its acceptance band", "",
             "Single stream, context 1024; per draft the configuration that loses least in its "
             "worst scenario (low / card / high). Low is the lowest public field figure, or the "
@@ -440,7 +442,8 @@ def _drafts_section(cm: CostModel) -> list[str]:
             "scenario (a faster draft trained for another Kimi version does not compete: its "
             f"card was measured on that version, which {TARGET} does not reach).", "",
             md_table(["draft", "trained for", "robust choice", "tau low / card / high",
-                      "tok/s low / card / high", "x stock (card)", "needs", "the answer?"],
+                      "tok/s low / card / high", "x stock (card)", "needs",
+                      "this exact configuration", "the answer?"],
                      rows), ""]
 
 
