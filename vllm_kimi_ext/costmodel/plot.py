@@ -88,7 +88,9 @@ def plot_plan(rec: Recommendation, path: str | Path, title: str | None = None) -
 
 
 def plot_validation(report, path: str | Path) -> Path:
-    """Measured against predicted tokens/s at every point (log-log, the +-10 % band)."""
+    """Measured against predicted tokens/s at every point (log-log, the +-10 % band): the
+    fitted points, held-out points between fitted cells of their run, and held-out points of
+    runs with no fitted cell, each with its own marker."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 5.0), dpi=110)
     xs = [r.point.tokens_per_s for r in report.rows]
@@ -96,12 +98,12 @@ def plot_validation(report, path: str | Path) -> Path:
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="predicted = measured")
     ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.85",
                     label="+-10 %")
-    for split, marker, color in (("calibration", "o", "tab:blue"),
-                                 ("validation", "s", "tab:orange")):
-        rows = report.split(split)
+    styles = (("o", "tab:blue"), ("s", "tab:orange"), ("^", "tab:red"))
+    for (group, rows), (marker, color) in zip(report.groups().items(), styles):
+        mean = sum(abs(r.error) for r in rows) / len(rows) if rows else 0.0
         ax.scatter([r.point.tokens_per_s for r in rows], [r.predicted for r in rows],
-                   marker=marker, s=22, color=color, label=f"{split} ({len(rows)} points)",
-                   zorder=3)
+                   marker=marker, s=22, color=color,
+                   label=f"{group}: {len(rows)} points, mean |error| {mean:.1%}", zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

@@ -240,7 +240,7 @@ def _levers() -> list[tuple[Lever, Evaluate]]:
                "its idle latencies replace NCCL's for every all-reduce, the last segment's "
                "bandwidth above 96 KiB and NCCL where faster; the fitted in-situ overhead per "
                "collective stays"), _flashinfer),
-        (Lever("nccl-ll", "NCCL low-latency protocol", "setting",
+        (Lever("nccl-ll", "NCCL low-latency protocol (box whose NCCL picks Simple)", "setting",
                f"{ll['setting']} (never LL128 on PCIe: {cite('nccl-issue-281')})",
                f"8-GPU all-reduce with Simple -> LL: {ll_pts} ({cite(ll['source'])}); on the "
                f"calibration host (NCCL PR #2127) Kimi MTP at concurrency 32 gave "
