@@ -223,7 +223,8 @@ def _set(**changes) -> Evaluate:
     return ev
 
 
-def _levers() -> list[tuple[Lever, Evaluate]]:
+def _setting_levers() -> list[tuple[Lever, Evaluate]]:
+    """The settings and packages, costed from the public numbers of :func:`settings_data`."""
     s = settings_data()
     fi, ll, bx = s["flashinfer_pcie_ipc"], s["nccl_proto_ll"], s["b12x_oneshot"]
     fi_pts = ", ".join(f"{x / 1024:g} KiB {us:g} us" for x, us, _ in fi["allreduce"])
@@ -264,6 +265,12 @@ def _levers() -> list[tuple[Lever, Evaluate]]:
                "rejection (upper bound of the setting)",
                "verify tokens per sequence = 1 + the positions reached; '-' for drafts of "
                "other methods (vLLM 0.34.0 supports it for DSpark only)"), _adaptive),
+    ]
+
+
+def _bound_and_project_levers() -> list[tuple[Lever, Evaluate]]:
+    """The upper bounds (no setting reaches them) and what this project ships."""
+    return [
         (Lever("nccl-tuning", "NCCL per-call cost down to its idle microbenchmark",
                UPPER_BOUND, "",
                "the fitted in-situ overhead per collective (calibration.fitted of the hardware "
@@ -309,7 +316,7 @@ def _levers() -> list[tuple[Lever, Evaluate]]:
     ]
 
 
-LEVERS: list[tuple[Lever, Evaluate]] = _levers()
+LEVERS: list[tuple[Lever, Evaluate]] = _setting_levers() + _bound_and_project_levers()
 
 
 @dataclasses.dataclass(frozen=True)
