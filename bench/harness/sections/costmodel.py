@@ -9,8 +9,8 @@ from __future__ import annotations
 from bench.harness.sections.base import Context, Outcome
 
 INTRO = ("A **model**, not a measurement: the decode cost model's answer for Kimi-K2.5 on the "
-         "calibrated 8x RTX PRO 6000 profile, the same as README.md and docs/what-to-run.md. "
-         "Every draft and configuration: [costmodel-plan.md](costmodel-plan.md).")
+         "calibrated 8x RTX PRO 6000 profile. Every draft and configuration: "
+         "[costmodel-plan.md](costmodel-plan.md).")
 
 
 def needs_costmodel(caps: dict, ctx: Context) -> str | None:
