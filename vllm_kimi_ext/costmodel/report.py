@@ -93,18 +93,6 @@ def _markers(block: str) -> tuple[str, str]:
             f"--write-docs docs/) -->", f"<!-- END GENERATED: {block} -->")
 
 
-def drafts_with_acceptance(names: list[str] | None = None,
-                           dataset: str | None = None) -> list[tuple[DraftProfile, Acceptance]]:
-    """Drafts paired with their card acceptance (drafts without one are skipped)."""
-    out = []
-    for name in names or list_profiles("drafts"):
-        d = load_draft(name)
-        acc = from_draft_profile(d.acceptance, dataset if dataset in d.datasets() else None)
-        if acc is not None:
-            out.append((d, acc))
-    return out
-
-
 def _numeric(cell: str) -> bool:
     c = cell.strip("*` ")
     return bool(c) and (c[0].isdigit() or (c[0] in "+-" and len(c) > 1 and c[1].isdigit())
