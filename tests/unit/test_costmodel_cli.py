@@ -83,6 +83,11 @@ def test_json_outputs_are_strict(tmp_path, capsys):
         assert rc == 0
         text = path.read_text()
         json.loads(text, parse_constant=lambda c, a=argv: pytest.fail(f"bare {c} in {a}"))
+    # draft bill's payback when fine-tuning gains nothing was a bare Infinity
+    rc = main(["draft", "bill", "--prompts", "1000", "--tau-now", "1.6", "--tau-after", "1.6",
+               "--json"])
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert rc == 0 and doc["compare"]["payback_hours_vs_today"] is None
     from vllm_kimi_ext.costmodel.cli import strict
 
     assert json.dumps(strict({"a": float("nan"), "b": [float("inf"), 1.5]})) == \
