@@ -49,8 +49,10 @@ def test_validate_prints_every_point(capsys):
     rc, out, _ = run(["--validate"], capsys)
     assert rc == 0
     assert "measured" in out and "predicted" in out and "error" in out
-    assert "k26-v6-mtp/B1/ctx0" in out and "validation:" in out and "calibration:" in out
-    assert "mechanism the model lacks" in out
+    assert "k26-v6-mtp/B1/ctx0" in out and "calibration:" in out
+    assert "held out, between fitted cells of the same run:" in out
+    assert "held out, runs with no fitted cell:" in out
+    assert "mechanism the model lacks" in out and "kernels (B12X MoE and MLA kernels)" in out
 
 
 @pytest.mark.parametrize("flags", [["--tau", "2.9"], ["--acceptance", "0.7,0.5,0.4"]])
@@ -62,10 +64,36 @@ def test_acceptance_overrides(flags, capsys):
 def test_acceptance_from_an_e2e_run(tmp_path, capsys):
     f = tmp_path / "results.json"
     f.write_text(json.dumps({"schema": "vllm-kimi-ext/e2e-results/1", "runs": [
-        {"id": "eagle", "levels": [{"acceptance": {"per_position": [0.7, 0.45, 0.3],
-                                                   "num_drafts": 50}}]}]}))
+        {"id": "eagle", "speculative_config": {"method": "eagle3",
+                                               "model": "/models/lightseekorg/kimi-k2.5-eagle3"},
+         "levels": [{"acceptance": {"per_position": [0.7, 0.45, 0.3], "num_drafts": 50}}]}]}))
     rc, out, _ = run(["--draft", "lightseek-eagle3", "--acceptance-from", str(f)], capsys)
     assert rc == 0 and "results.json: run eagle, 50 drafts" in out
+    # another draft's acceptance is refused unless the user says so
+    rc, _, err = run(["--draft", "zlab-dflash", "--acceptance-from", str(f)], capsys)
+    assert rc == 2 and "measured draft '/models/lightseekorg/kimi-k2.5-eagle3', not --draft " \
+        "zlab-dflash" in err and "--acceptance-any-draft" in err
+    rc, out, _ = run(["--draft", "zlab-dflash", "--acceptance-from", str(f),
+                      "--acceptance-any-draft"], capsys)
+    assert rc == 0 and "results.json: run eagle" in out
+
+
+def test_json_outputs_are_strict(tmp_path, capsys):
+    for argv in (["--draft", "zlab-dflash"], ["--validate"]):
+        path = tmp_path / "out.json"
+        rc, _, _ = run([*argv, "--json", str(path)], capsys)
+        assert rc == 0
+        text = path.read_text()
+        json.loads(text, parse_constant=lambda c, a=argv: pytest.fail(f"bare {c} in {a}"))
+    # draft bill's payback when fine-tuning gains nothing was a bare Infinity
+    rc = main(["draft", "bill", "--prompts", "1000", "--tau-now", "1.6", "--tau-after", "1.6",
+               "--json"])
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert rc == 0 and doc["compare"]["payback_hours_vs_today"] is None
+    from vllm_kimi_ext.costmodel.cli import strict
+
+    assert json.dumps(strict({"a": float("nan"), "b": [float("inf"), 1.5]})) == \
+        '{"a": null, "b": [null, 1.5]}'
 
 
 def test_a_measured_latency_table_replaces_the_shipped_one(tmp_path, capsys):

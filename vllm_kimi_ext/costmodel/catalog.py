@@ -331,6 +331,7 @@ class HardwareProfile:
     calibration: dict[str, Any]
     assumptions: tuple[str, ...] = ()
     raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
+    where: str = dataclasses.field(default="", compare=False)  # the file, for error lines
 
     def with_overrides(self, **changes: Any) -> HardwareProfile:
         """A copy with some fields replaced (what-if studies and tests)."""
@@ -355,10 +356,10 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
         raise ProfileError(f"{where}: field 'backends' must include 'nccl'")
     require(d, "calibration", dict, where, "an object")
     fields = {f.name for f in dataclasses.fields(HardwareProfile)} - {"raw", "assumptions",
-                                                                       "description"}
+                                                                       "description", "where"}
     return HardwareProfile(**{k: d[k] for k in fields if k in d},
                            description=d.get("description", ""),
-                           assumptions=tuple(d.get("assumptions", ())), raw=d)
+                           assumptions=tuple(d.get("assumptions", ())), raw=d, where=where)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,6 +93,10 @@ def register(subparsers) -> None:
                      help="per-position acceptance of a bench/e2e/runner.py results.json")
     p.add_argument("--acceptance-run", default=None,
                    help="with --acceptance-from: the run id when the file holds several")
+    p.add_argument("--acceptance-any-draft", action="store_true",
+                   help="with --acceptance-from: apply the run's acceptance even to a --draft "
+                   "other than the draft it measured (refused otherwise: acceptance belongs "
+                   "to one draft on one target)")
     p.add_argument("--tau-k", type=_int("--tau-k", 1, 15), default=None,
                    help="draft tokens at which --tau was measured (default: the draft's "
                    "reference k, else 3)")
@@ -209,13 +213,15 @@ def resolve_acceptances(args, drafts):
         Acceptance,
         from_draft_profile,
         from_results_json,
+        results_draft,
     )
 
     if args.acceptance_from is not None:
         try:
-            shared, _ = from_results_json(args.acceptance_from, args.acceptance_run)
+            shared, run_id = from_results_json(args.acceptance_from, args.acceptance_run)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        check_measured_draft(args, drafts, results_draft(args.acceptance_from, run_id), run_id)
     out = []
     for d in drafts:
         if args.acceptance:
@@ -240,11 +246,37 @@ def resolve_acceptances(args, drafts):
     return out
 
 
+def check_measured_draft(args, drafts, measured: str | None, run_id: str) -> None:
+    """--acceptance-from applies one run's acceptance: refuse it for any other draft unless
+    --acceptance-any-draft says so."""
+    from vllm_kimi_ext.costmodel.acceptance import same_draft
+
+    if args.acceptance_any_draft:
+        return
+    where = f"--acceptance-from {args.acceptance_from}: run {run_id!r}"
+    if not args.draft:
+        raise UsageError(f"{where}: name the draft the run measured with --draft (its "
+                         "acceptance applies to that draft only)")
+    if measured is None:
+        raise UsageError(f"{where} records no draft model (field "
+                         "'speculative_config.model'); pass --acceptance-any-draft to apply it "
+                         f"to --draft {', '.join(d.name for d in drafts)} anyway")
+    other = [d for d in drafts if not same_draft(measured, d.checkpoint)]
+    if other:
+        d = other[0]
+        raise UsageError(f"{where} measured draft {measured!r}, not --draft {d.name} "
+                         f"({d.checkpoint or 'no checkpoint'}); name that draft with --draft, "
+                         "or pass --acceptance-any-draft to apply it anyway")
+
+
 def _check_args(args) -> None:
     if args.tau_k is not None and args.tau is None:
         raise UsageError("--tau-k needs --tau")
     if args.acceptance_run is not None and args.acceptance_from is None:
         raise UsageError("--acceptance-run needs --acceptance-from")
+    if args.acceptance_any_draft and args.acceptance_from is None:
+        raise UsageError("--acceptance-any-draft needs --acceptance-from")
+
     check_output_path("--out", args.out, PLOT_SUFFIXES)
     check_output_path("--json", args.json, (".json",))
 
@@ -343,6 +375,10 @@ def _print_plan(args, cm, rec, drafts_acc) -> None:
     print()
     for line in rec.explanation:
         print(f"- {line}")
+    if rec.best.plan.speculative:
+        from vllm_kimi_ext.costmodel.headline import public_status
+
+        print(f"- Public runs: {public_status(rec.best.plan)}")
     for line in rec.caveats:
         print(f"! {line}")
 
@@ -374,8 +410,7 @@ def _run_validate(args) -> int:
     rep = validate(cm)
     print(format_validation(rep))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rep.to_dict(), indent=1) + "\n")
+        write_json(args.json, rep.to_dict())
         print(f"json: {args.json}")
     if args.out:
         from vllm_kimi_ext.costmodel.plot import plot_validation
@@ -397,6 +432,28 @@ def _write_json(args, cm, rec, drafts_acc) -> None:
         "rows": [{**o.estimate.to_dict(), "requires": [str(r) for r in o.requires]}
                  for o in rec.options],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(args.json, doc)
     print(f"json: {args.json}")
+
+
+def strict(value):
+    """``value`` with every non-finite float made None, so JSON has no NaN or Infinity."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+def write_json(path: Path, doc) -> None:
+    """Strict JSON (``allow_nan=False``), written to a temporary file beside ``path`` and
+    renamed into place: an interrupted run leaves the old file."""
+    text = json.dumps(strict(doc), indent=1, allow_nan=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

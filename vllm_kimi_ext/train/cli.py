@@ -330,8 +330,11 @@ def run_bill(args) -> int:
         cmp = b.fine_tune_vs_switch(args.tau_now, args.tau_after,
                                     args.tau_alt if args.tau_alt is not None else args.tau_now,
                                     result.box_hours, args.alt_step_cost)
-    if args.json:
-        print(json.dumps({"bill": result.to_dict(), "compare": cmp}, indent=1, default=str))
+    if args.json:  # strict JSON: a payback that never comes is null, not Infinity
+        from vllm_kimi_ext.costmodel.cli import strict
+
+        print(json.dumps(strict({"bill": result.to_dict(), "compare": cmp}), indent=1,
+                         allow_nan=False))
     else:
         print(b.format_bill(result, cmp))
     return EXIT_OK
