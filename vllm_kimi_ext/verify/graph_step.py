@@ -63,7 +63,7 @@ from .cuts import LSE_COLUMNS, join_float64, local_top, split_float64
 from .hashing import DOMAIN_GUMBEL, element_hash, gumbel_from_bits, row_keys
 from .kernels import merge_argmax, shard_local_stats, triton_available
 from .reference import exclusive_cumsum, min_p_threshold, nucleus_margin, residual_log_weights
-from .sharded import AllGather, MAX_EXACT_FLOAT_ID
+from .sharded import MAX_EXACT_FLOAT_ID, AllGather
 
 NEG_INF = float("-inf")
 
@@ -572,7 +572,7 @@ def decide_merged_torch(merged: Merged, deferred: torch.Tensor, inp: StepInputs,
     decision_row, accept_margin, stopped)``."""
     from .hashing import accept_uniform
 
-    R, Q, Lmax = plan.num_rows, plan.num_reqs, plan.max_rows_per_req
+    R, Lmax = plan.num_rows, plan.max_rows_per_req
     dev = merged.gval.device
     x = inp.draft
     greedy = inp.temperature == 0
