@@ -295,12 +295,6 @@ class StepOutput:
 # ---------------------------------------------------------------------------
 # round 1: the shard pass (torch; Triton in _graph_kernels)
 # ---------------------------------------------------------------------------
-def _owned(draft: torch.Tensor, col_offset: int, n_valid: int) -> torch.Tensor:
-    local = draft - col_offset
-    ok = (draft >= 0) & (local >= 0) & (local < n_valid)
-    return torch.where(ok, local, torch.full_like(local, -1))
-
-
 def _logq_at(q_full: torch.Tensor | None, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """log q at ids ``[rows, n]`` (0 where ``q_full`` is None: one-hot drafts)."""
     if q_full is None:
@@ -381,7 +375,11 @@ def _argmax_lowest_id(score: torch.Tensor, ids: torch.Tensor):
 
 def merge_round1_torch(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_size: int,
                        rank_valid: torch.Tensor, q_full: torch.Tensor | None) -> Merged:
-    """Merge ``g [TP, rows, width]`` (every rank computes the same result)."""
+    """Merge ``g [TP, rows, width]`` (every rank computes the same result).
+
+    Long because: it is the readable reference of ``_graph_kernels._merge_kernel`` and keeps
+    the kernel's steps in the kernel's order (statistics, candidate sort, exact prefix, cut,
+    certificate, kept-set decisions), so the two can be compared line by line."""
     TP, R, _ = g.shape
     dev = g.device
     best, tok = merge_argmax(g[..., 0], g[..., 1])
