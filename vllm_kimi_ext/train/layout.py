@@ -30,6 +30,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 FORMAT = "vllm-kimi-ext-draft-data/1"
 SAMPLES = "samples.jsonl"
 MANIFEST = "manifest.json"
@@ -39,7 +41,7 @@ HIDDEN_DIR = "hidden_states"
 SHARD_LOG = "shards.jsonl"
 
 
-class DataError(ValueError):
+class DataError(UserInputError):
     """Unreadable or inconsistent training data (one line, names the file)."""
 
 
