@@ -39,21 +39,25 @@ SHARD_HEADER_BYTES = 256
 
 
 def default_layer_ids(num_hidden_layers: int) -> list[int]:
-    """vLLM's default EAGLE-3 aux taps plus the last layer: ``[2, L//2, L-3, L]``."""
+    """vLLM's default EAGLE-3 aux taps plus the last layer: ``[2, L//2, L-3, L]``; on a
+    target too shallow for them (L < 6) the taps are clipped into ``[0, L-1]`` and
+    merged, so the default fits every target (L = 4: ``[1, 2, 4]``)."""
     n = num_hidden_layers
-    if n < 6:
-        raise DataError(f"target has {n} layers; pass --layer-ids explicitly")
-    return [2, n // 2, n - 3, n]
+    if n < 1:
+        raise DataError(f"the target's num_hidden_layers is {n}, expected >= 1")
+    return sorted({min(max(i, 0), n - 1) for i in (2, n // 2, n - 3)}) + [n]
 
 
 def check_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[int]:
     ids = [int(i) for i in layer_ids]
+    shown = " ".join(map(str, ids))
     if len(ids) < 2 or ids != sorted(set(ids)):
-        raise DataError(f"--layer-ids {ids}: need >= 2 distinct ids in ascending order "
-                        "(aux layers, then the last)")
+        raise DataError(f"--layer-ids {shown}: need >= 2 distinct ids in ascending order "
+                        "(aux layers, then the last)", field="--layer-ids")
     if ids[0] < 0 or ids[-1] != num_hidden_layers:
-        raise DataError(f"--layer-ids {ids}: ids must lie in [0, {num_hidden_layers}] and end "
-                        f"with {num_hidden_layers} (the last layer, for the loss's targets)")
+        raise DataError(f"--layer-ids {shown}: ids must lie in [0, {num_hidden_layers}] and end "
+                        f"with {num_hidden_layers} (the target has {num_hidden_layers} layers; "
+                        "the last is the loss's target)", field="--layer-ids")
     return ids
 
 
@@ -110,8 +114,9 @@ def _verified(data_dir: Path, samples: Sequence[Sample], num_layers: int, hidden
         return {s.index for s, good in zip(shaped, ok) if good}
 
 
-def check_capture_data(data_dir: str | Path, vocab_size: int, layer_ids: Sequence[int],
-                       dtype: str, hidden_size: int | None = None) -> list[Sample]:
+def check_capture_data(data_dir: str | Path, vocab_size: int | None,
+                       layer_ids: Sequence[int] | None, dtype: str,
+                       hidden_size: int | None = None) -> list[Sample]:
     """What ``draft capture`` reads, checked before any engine is built: the samples
     (readable, token ids inside the target's vocabulary) and an earlier capture's
     settings (same layer ids, dtype and hidden size, or a new directory)."""
@@ -121,12 +126,13 @@ def check_capture_data(data_dir: str | Path, vocab_size: int, layer_ids: Sequenc
         raise DataError(f"{data_dir / layout.SAMPLES}: no samples (run `vllm-kimi-ext draft "
                         "regenerate` first)")
     for s in samples:
-        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None)
+        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None) \
+            if vocab_size else None
         if bad is not None:
             raise DataError(f"{data_dir / layout.SAMPLES}: sample {s.index} holds token id "
                             f"{bad}, outside the target's vocabulary [0, {vocab_size})")
     previous = layout.read_manifest(data_dir).get("capture")
-    if previous and (previous.get("layer_ids") != list(layer_ids)
+    if previous and layer_ids is not None and (previous.get("layer_ids") != list(layer_ids)
                      or previous.get("dtype") != dtype
                      or (hidden_size and previous.get("hidden_size") not in (None, hidden_size))):
         raise DataError(

@@ -3,6 +3,7 @@
 :func:`check_args` runs a command's rules in a fixed order, and all of them run before
 any model, tokenizer or engine is built:
 
+0. flags that must fit together (:data:`USAGE`: exactly one backend, ...);
 1. numbers (:data:`NUMBERS`): finite, of the right sign, inside their bounds;
 2. paths (:data:`PATHS`): exist, are readable, are a folder where a folder is needed,
    an output's nearest existing parent is writable;
@@ -32,8 +33,8 @@ from typing import Any
 
 from vllm_kimi_ext.user_input import MAX_VOCAB_SIZE, UsageError, UserInputError
 
-__all__ = ["EXTRA", "NUMBERS", "OUTPUTS", "PATHS", "Num", "check_args", "check_numbers",
-           "check_outputs", "check_paths", "default_layer_ids_for", "flag_name",
+__all__ = ["EXTRA", "NUMBERS", "OUTPUTS", "PATHS", "USAGE", "Num", "check_args", "check_numbers",
+           "check_outputs", "check_paths", "flag_name",
            "needs_remote_code", "require_remote_code_opt_in", "strict_json"]
 
 #: argparse dests whose option string is not ``--`` + dest with dashes.
@@ -92,7 +93,7 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-_SEED = Num(int, 0, 2**63 - 1)
+_SEED = Num(int, 0, 2**32 - 1)
 _POSITIVE = Num(float, 0, lo_open=True)
 _COUNT = Num(int, 1)
 _HOLDOUT = Num(int, 0, note="0 keeps every sample; N >= 2 holds out about 1 in N")
@@ -109,7 +110,7 @@ NUMBERS: dict[str, dict[str, Num]] = {
     },
     "train": {
         "draft_vocab_size": _COUNT, "epochs": _POSITIVE,
-        "max_steps": Num(int, 1, note="unset: --epochs decides"),
+        "max_steps": Num(int, 0, note="unset: --epochs decides; 0 exports --init as is"),
         "lr": Num(float, 0, 1, lo_open=True), "max_len": Num(int, 2), "prompt_context":
         Num(int, 0), "ttt_steps": Num(int, 1, 64), "seed": _SEED, "holdout_every": _HOLDOUT,
     },
@@ -206,9 +207,11 @@ def _paths_of(value: Any) -> list[Path]:
 
 def check_paths(command: str, args: Any) -> None:
     for dest, kind in PATHS.get(command, {}).items():
-        for path in _paths_of(_given(args, dest)):
-            if str(path).strip() == "":
+        value = _given(args, dest)
+        for raw in (value if isinstance(value, (list, tuple)) else [value]):
+            if raw is not None and str(raw).strip() == "":
                 raise UserInputError(f"{flag_name(dest)}: empty path", field=flag_name(dest))
+        for path in _paths_of(value):
             _PATH_CHECKS[kind](flag_name(dest), path)
     gguf = _given(args, "gguf_file")
     if gguf is not None:
@@ -356,28 +359,6 @@ def target_config(flag: str, folder: str | Path) -> dict:
     return text
 
 
-def default_layer_ids_for(num_hidden_layers: int) -> list[int]:
-    """vLLM's EAGLE-3 taps ``(2, L//2, L-3)`` clipped into ``[0, L-1]`` (distinct), then
-    the last layer ``L``: the capture default, valid for any target depth."""
-    n = num_hidden_layers
-    aux = sorted({min(max(i, 0), n - 1) for i in (2, n // 2, n - 3)})
-    return aux + [n]
-
-
-def check_layer_ids(flag_given: bool, ids: list[int] | None, n: int, source: str) -> list[int]:
-    if ids is None:
-        return default_layer_ids_for(n)
-    if len(ids) < 2 or list(ids) != sorted(set(ids)):
-        raise UserInputError(f"--layer-ids {' '.join(map(str, ids))}: expected >= 2 distinct "
-                             "ids in ascending order (aux layers, then the last)",
-                             field="--layer-ids")
-    if ids[0] < 0 or ids[-1] != n:
-        raise UserInputError(f"--layer-ids {' '.join(map(str, ids))}: expected ids in [0, {n}] "
-                             f"ending with {n} ({source} has {n} layers; the last is the "
-                             "loss's target)", field="--layer-ids")
-    return list(ids)
-
-
 def check_device(device: str | None) -> None:
     """``--device``: cpu, cuda, cuda:N (N below the visible GPU count) or mps."""
     if device is None:
@@ -415,7 +396,6 @@ def _one_of(args: Any, a: str, b: str) -> None:
 
 
 def _check_regenerate(args: Any) -> None:
-    _one_of(args, "server", "hf_model")
     server = _given(args, "server")
     if server is not None and not str(server).startswith(("http://", "https://")):
         raise UserInputError(f"--server {server!r}: expected an http:// or https:// base URL, "
@@ -431,35 +411,49 @@ def _check_regenerate(args: Any) -> None:
 
 
 def _check_capture(args: Any) -> None:
-    _one_of(args, "vllm_target", "hf_model")
     folder = _given(args, "vllm_target") or _given(args, "hf_model")
     flag = "--vllm-target" if _given(args, "vllm_target") else "--hf-model"
     require_remote_code_opt_in(flag, folder, bool(_given(args, "trust_remote_code")))
+    from .capture import check_capture_data, check_layer_ids, default_layer_ids
+
     if _given(args, "hf_model") and _given(args, "gguf_file"):
-        if _given(args, "layer_ids") is not None:
-            ids = args.layer_ids
-            if len(ids) < 2 or list(ids) != sorted(set(ids)) or ids[0] < 0:
-                check_layer_ids(True, ids, ids[-1], "the target")
-        return  # the layer count is inside the GGUF file: checked once it is read
+        # the depth and vocabulary are inside the GGUF file: checked once it is read
+        check_capture_data(args.data, None, None, args.dtype)
+        return
     cfg = target_config(flag, folder)
     n = cfg["num_hidden_layers"]
-    args.layer_ids = check_layer_ids(args.layer_ids is not None, args.layer_ids, n,
-                                     f"{flag} {folder}")
+    # not given: an earlier capture's ids (a resume), else the default derived from the
+    # target; so only a given --layer-ids can be wrong, and only it is blamed
+    if args.layer_ids is None:
+        args.layer_ids = _resumed_layer_ids(args.data, n) or default_layer_ids(n)
+    else:
+        args.layer_ids = check_layer_ids(args.layer_ids, n)
     if _given(args, "vllm_target"):
         tp = args.tensor_parallel_size
         heads = cfg.get("num_attention_heads")
         if isinstance(heads, int) and heads % tp:
             raise UserInputError(f"--tensor-parallel-size {tp}: must divide the target's "
                                  f"num_attention_heads ({heads})", field="--tensor-parallel-size")
-        gpus = _visible_gpus()
-        if tp > gpus:
-            raise UserInputError(f"--tensor-parallel-size {tp}: {gpus} CUDA GPU(s) visible; "
-                                 "--vllm-target needs one per rank (on CPU use --hf-model)",
-                                 field="--tensor-parallel-size")
-    from .capture import check_capture_data
-
     check_capture_data(args.data, cfg["vocab_size"], args.layer_ids, args.dtype,
                        cfg["hidden_size"])
+    if _given(args, "vllm_target"):
+        gpus = _visible_gpus()
+        if args.tensor_parallel_size > gpus:
+            raise UserInputError(f"--tensor-parallel-size {args.tensor_parallel_size}: {gpus} "
+                                 "CUDA GPU(s) visible; --vllm-target needs one per rank (on CPU "
+                                 "use --hf-model)", field="--tensor-parallel-size")
+
+
+def _resumed_layer_ids(data: str, n: int) -> list[int] | None:
+    """The layer ids an earlier capture of ``data`` used, when they fit a target of ``n``
+    layers (else ``None``: the default applies, and the manifest check names the clash)."""
+    from .layout import read_manifest
+
+    ids = (read_manifest(data).get("capture") or {}).get("layer_ids")
+    ok = isinstance(ids, list) and len(ids) >= 2 and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids) and \
+        ids == sorted(set(ids)) and ids[0] >= 0 and ids[-1] == n
+    return list(ids) if ok else None
 
 
 def _check_json_layer(args: Any) -> None:
@@ -476,6 +470,10 @@ def _check_train(args: Any) -> None:
         raise UserInputError(f"--max-len {args.max_len}: expected >= --ttt-steps + 2 = "
                              f"{args.ttt_steps + 2} (a chain of k drafts needs k + 2 tokens)",
                              field="--max-len")
+    if args.max_steps == 0 and not args.init:
+        raise UserInputError("--max-steps 0: exports --init without training, but no --init "
+                             "is given (an untrained head); expected N >= 1 or unset",
+                             field="--max-steps")
     if args.holdout_every == 1:
         raise UserInputError("--holdout-every 1: would hold out every sample, leaving none to "
                              "train on; expected 0 or N >= 2", field="--holdout-every")
@@ -491,18 +489,21 @@ def _check_train(args: Any) -> None:
 
 def _check_eval(args: Any) -> None:
     _remote_code(("target", "draft"))(args)
-    if args.split != "all" and not args.holdout_every:
-        raise UsageError(f"--split {args.split}: needs --holdout-every N (which samples are "
-                         "held out)", field="--split")
-    if len(set(map(str, args.draft))) != len(args.draft):
-        raise UsageError("--draft: the same draft is given twice", field="--draft")
     cfg = target_config("--target", args.target)
     from .trainer import check_train_data
 
     check_train_data(args.data, cfg, flag="--data")
 
 
-def _check_bill(args: Any) -> None:
+def _eval_usage(args: Any) -> None:
+    if args.split != "all" and not args.holdout_every:
+        raise UsageError(f"--split {args.split}: needs --holdout-every N (which samples are "
+                         "held out)", field="--split")
+    if len(set(map(str, args.draft))) != len(args.draft):
+        raise UsageError("--draft: the same draft is given twice", field="--draft")
+
+
+def _bill_usage(args: Any) -> None:
     if (_given(args, "prompts") is None) == (_given(args, "gain_fraction") is None):
         raise UsageError("give exactly one of --prompts, --gain-fraction", field="--prompts")
     if _given(args, "n_half") is not None and _given(args, "gain_fraction") is None:
@@ -515,18 +516,27 @@ def _check_bill(args: Any) -> None:
         raise UsageError("--tau-alt needs --tau-now and --tau-after", field="--tau-alt")
 
 
+#: command -> flags that must fit together, checked first.
+USAGE: dict[str, tuple[Callable[[Any], None], ...]] = {
+    "regenerate": (lambda a: _one_of(a, "server", "hf_model"),),
+    "capture": (lambda a: _one_of(a, "vllm_target", "hf_model"),),
+    "eval": (_eval_usage,),
+    "bill": (_bill_usage,),
+}
+
 #: command -> its own checks, run after numbers, paths and outputs.
 EXTRA: dict[str, tuple[Callable[[Any], None], ...]] = {
     "regenerate": (_check_regenerate,),
     "capture": (_check_capture,),
     "train": (_check_train,),
     "eval": (_check_eval,),
-    "bill": (_check_bill,),
 }
 
 
 def check_args(command: str, args: Any) -> None:
     """Every rule of ``command`` against parsed ``args``; raises the first refusal."""
+    for usage in USAGE.get(command, ()):
+        usage(args)
     check_numbers(command, args)
     check_paths(command, args)
     check_outputs(command, args)
