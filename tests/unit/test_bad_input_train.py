@@ -578,6 +578,8 @@ BILL_CASES: list[Case] = [
           ["--measured-train {data}: is a folder"]),
     _case("bill/measured-train-not-json", _with(BILL, "--measured-train", "{file}"),
           ["--measured-train {file}"], _put("prompts.jsonl", "{")),
+    _case("bill/hardware-unknown", ("draft", "bill", "--prompts", "10", "--hardware", "bogus"),
+          ["cost model unavailable for 'bogus'", "--decode-tok-s"]),
     _case("bill/prompts-text", _with(BILL, "--prompts", "many", drop=("--prompts",)),
           ["--prompts", "many"]),
     # clean: the checks refuse nothing they should accept, and --json is strict

@@ -1,0 +1,110 @@
+"""train/validate.py's rules one by one: number bounds, derived defaults that fit the
+target, remote-code detection, output overlap in all directions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from vllm_kimi_ext.train import capture, validate
+from vllm_kimi_ext.user_input import UserInputError
+
+
+@pytest.mark.parametrize("n,ids", [
+    (61, [2, 30, 58, 61]),  # Kimi-K2.5: vLLM's taps as they are
+    (6, [2, 3, 6]), (4, [1, 2, 4]), (3, [0, 1, 2, 3]), (2, [0, 1, 2]), (1, [0, 1]),
+])
+def test_default_layer_ids_fit_every_target_depth(n, ids):
+    got = capture.default_layer_ids(n)
+    assert got == ids
+    assert capture.check_layer_ids(got, n) == got  # valid by construction
+
+
+def _capture_args(tmp_path, layers: int, layer_ids=None):
+    from vllm_kimi_ext.train import layout
+
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": layers, "hidden_size": 8, "vocab_size": 50}))
+    data = tmp_path / "d"
+    layout.append_samples(data, [layout.Sample(0, "h", "s", [], [1, 2], [3])])
+    return argparse.Namespace(data=str(data), vllm_target=None, hf_model=str(target),
+                              gguf_file=None, staging=None, layer_ids=layer_ids,
+                              dtype="bfloat16", tensor_parallel_size=8, max_model_len=None,
+                              batch_size=8, trust_remote_code=False)
+
+
+def test_a_small_target_gets_a_default_that_fits_and_no_flag_is_blamed(tmp_path):
+    args = _capture_args(tmp_path, layers=3)
+    validate.check_args("capture", args)
+    assert args.layer_ids == [0, 1, 2, 3]
+
+
+def test_only_a_given_layer_ids_is_blamed(tmp_path):
+    args = _capture_args(tmp_path, layers=3, layer_ids=[1, 5])
+    with pytest.raises(UserInputError, match=r"--layer-ids 1 5: .*the target has 3 layers"):
+        validate.check_args("capture", args)
+
+
+def test_a_resume_reuses_the_earlier_captures_layer_ids(tmp_path):
+    from vllm_kimi_ext.train import layout
+
+    args = _capture_args(tmp_path, layers=6)
+    layout.update_manifest(args.data, capture={"layer_ids": [1, 2, 6], "dtype": "bfloat16",
+                                               "hidden_size": 8})
+    validate.check_args("capture", args)
+    assert args.layer_ids == [1, 2, 6]
+
+
+@pytest.mark.parametrize("rule,good,bad", [
+    (validate.Num(int, 1), [1, 10**12], [0, -1, 1.5, True, "1"]),
+    (validate.Num(float, 0, 1, lo_open=True), [1e-9, 1.0, 1], [0, 0.0, 1.0001, float("nan")]),
+    (validate.Num(float, 0, lo_open=True), [1e-300], [0.0, float("inf"), -float("inf")]),
+    (validate.Num(float, 0, 1, lo_open=True, hi_open=True), [0.5], [0.0, 1.0]),
+])
+def test_number_rules(rule, good, bad):
+    assert all(rule.ok(v) for v in good)
+    assert not any(rule.ok(v) for v in bad)
+
+
+def test_expectations_read_as_intervals():
+    assert validate.Num(float, 0, 1, lo_open=True).expected() == "a finite number in (0, 1]"
+    assert validate.Num(int, 1).expected() == "an integer >= 1"
+    assert validate.flag_name("k") == "-k" and validate.flag_name("top_p") == "--top-p"
+
+
+def test_remote_code_is_found_in_config_tokenizer_config_and_text_config(tmp_path):
+    assert validate.needs_remote_code(tmp_path) == []
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"auto_map": {"x": "y"}}}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"x": "y"}}))
+    assert validate.needs_remote_code(tmp_path) == ["config.json", "tokenizer_config.json"]
+    validate.require_remote_code_opt_in("--target", tmp_path, allowed=True)
+    with pytest.raises(UserInputError) as err:
+        validate.require_remote_code_opt_in("--target", tmp_path, allowed=False)
+    assert err.value.field == "--trust-remote-code" and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("out,inp,how", [
+    ("a", "a", "is the same path as"), ("a", "a/b", "contains"), ("a/b", "a", "lies inside"),
+    ("a/./b/..", "a", "is the same path as"), ("ab", "a", None), ("a", "ab", None),
+])
+def test_output_overlap_in_every_direction(tmp_path, out, inp, how):
+    assert validate._overlap(tmp_path / out, tmp_path / inp) == how
+
+
+def test_train_bill_and_eval_number_tables_name_real_flags():
+    """Every row of the table is a flag of its command's parser (a renamed flag fails)."""
+    from vllm_kimi_ext.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    draft = sub.choices["draft"]
+    dsub = next(a for a in draft._actions if isinstance(a, argparse._SubParsersAction))
+    for command, rules in validate.NUMBERS.items():
+        dests = {a.dest for a in dsub.choices[command]._actions}
+        assert set(rules) <= dests, (command, set(rules) - dests)
+    for command, rules in validate.PATHS.items():
+        dests = {a.dest for a in dsub.choices[command]._actions}
+        assert set(rules) <= dests, (command, set(rules) - dests)
