@@ -166,6 +166,11 @@ def _build(*edits):
     return build
 
 
+def _no_gpus() -> None:
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the no-GPU refusal cannot show")
+
+
 def _json_edit(key: str, file: str = "config.json", **changes):
     def edit(paths):
         path = paths[key] / file
@@ -381,6 +386,10 @@ CAPTURE_CASES: list[Case] = [
     _case("capture/tp-more-than-gpus", _with(CAPTURE_VLLM, "--tensor-parallel-size", "4",
                                              drop=("--tensor-parallel-size",)),
           ["--tensor-parallel-size 4", "GPU(s) visible"]),
+    _case("capture/vllm-target-without-gpus", _with(CAPTURE_VLLM,
+                                                    drop=("--tensor-parallel-size",)),
+          ["--vllm-target runs vLLM on CUDA GPUs and none is visible"],
+          lambda p: _no_gpus()),
     _case("capture/staging-is-file", _with(CAPTURE_VLLM, "--staging", "{file}"),
           ["--staging {file}: is a file"]),
     _case("capture/staging-inside-target", _with(CAPTURE_VLLM, "--staging", "{target}/stage"),

@@ -108,3 +108,22 @@ def test_train_bill_and_eval_number_tables_name_real_flags():
     for command, rules in validate.PATHS.items():
         dests = {a.dest for a in dsub.choices[command]._actions}
         assert set(rules) <= dests, (command, set(rules) - dests)
+
+
+@pytest.mark.parametrize("gpus,heads,given,want", [
+    (8, 64, None, 8), (8, 4, None, 4), (3, 64, None, 2), (6, 64, None, 4), (1, 7, None, 1),
+    (8, 64, 4, 4),
+])
+def test_tensor_parallel_default_fits_gpus_and_heads(monkeypatch, gpus, heads, given, want):
+    monkeypatch.setattr(validate, "_visible_gpus", lambda: gpus)
+    assert validate._check_gpus(given, heads) == want
+
+
+def test_tensor_parallel_given_beyond_the_gpus_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(validate, "_visible_gpus", lambda: 2)
+    with pytest.raises(UserInputError, match="--tensor-parallel-size 8: 2 CUDA GPU"):
+        validate._check_gpus(8, 64)
+    monkeypatch.setattr(validate, "_visible_gpus", lambda: 0)
+    with pytest.raises(UserInputError) as err:
+        validate._check_gpus(None, 64)
+    assert "--tensor-parallel-size" not in str(err.value)  # not given: not blamed

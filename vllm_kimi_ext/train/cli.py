@@ -139,7 +139,9 @@ def _register_capture(sub) -> None:
                     "transformers on CPU). Prints the disk needed first; resumes.")
     p.add_argument("--data", required=True)
     p.add_argument("--vllm-target", default=None, help="target checkpoint served by vLLM")
-    p.add_argument("--tensor-parallel-size", type=int, default=8)
+    p.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="default: every visible GPU, down to a count dividing the target's "
+                        "attention heads (8 on the documented box)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--staging", default=None,
                    help="where vLLM's connector writes first (default DATA/.staging; a "

@@ -428,20 +428,34 @@ def _check_capture(args: Any) -> None:
         args.layer_ids = _resumed_layer_ids(args.data, n) or default_layer_ids(n)
     else:
         args.layer_ids = check_layer_ids(args.layer_ids, n)
-    if _given(args, "vllm_target"):
-        tp = args.tensor_parallel_size
-        heads = cfg.get("num_attention_heads")
-        if isinstance(heads, int) and heads % tp:
-            raise UserInputError(f"--tensor-parallel-size {tp}: must divide the target's "
-                                 f"num_attention_heads ({heads})", field="--tensor-parallel-size")
+    heads = cfg.get("num_attention_heads")
+    tp = _given(args, "tensor_parallel_size")
+    if _given(args, "vllm_target") and tp is not None and isinstance(heads, int) and heads % tp:
+        raise UserInputError(f"--tensor-parallel-size {tp}: must divide the target's "
+                             f"num_attention_heads ({heads})", field="--tensor-parallel-size")
     check_capture_data(args.data, cfg["vocab_size"], args.layer_ids, args.dtype,
                        cfg["hidden_size"])
     if _given(args, "vllm_target"):
-        gpus = _visible_gpus()
-        if args.tensor_parallel_size > gpus:
-            raise UserInputError(f"--tensor-parallel-size {args.tensor_parallel_size}: {gpus} "
-                                 "CUDA GPU(s) visible; --vllm-target needs one per rank (on CPU "
-                                 "use --hf-model)", field="--tensor-parallel-size")
+        args.tensor_parallel_size = _check_gpus(tp, heads)
+
+
+def _check_gpus(tp: int | None, heads: Any) -> int:
+    """The tensor-parallel size: the given one if enough GPUs are visible, else (not
+    given) every visible GPU, down to a count dividing the attention heads."""
+    gpus = _visible_gpus()
+    if tp is None:
+        if gpus == 0:
+            raise UserInputError("--vllm-target runs vLLM on CUDA GPUs and none is visible (on "
+                                 "CPU use --hf-model)", field="--vllm-target")
+        tp = gpus
+        while isinstance(heads, int) and heads % tp:
+            tp -= 1
+        return tp
+    if tp > gpus:
+        raise UserInputError(f"--tensor-parallel-size {tp}: {gpus} CUDA GPU(s) visible; "
+                             "--vllm-target needs one per rank (on CPU use --hf-model)",
+                             field="--tensor-parallel-size")
+    return tp
 
 
 def _resumed_layer_ids(data: str, n: int) -> list[int] | None:
