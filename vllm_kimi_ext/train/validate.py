@@ -407,7 +407,7 @@ def _check_regenerate(args: Any) -> None:
     from .regenerate import check_resume
 
     check_resume(out, "transformers" if _given(args, "hf_model") else "openai-server",
-                 _given(args, "hf_model"))
+                 _given(args, "hf_model") or _given(args, "model"))
 
 
 def _check_capture(args: Any) -> None:
