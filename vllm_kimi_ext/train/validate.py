@@ -370,9 +370,7 @@ def check_device(device: str | None) -> None:
         raise UserInputError(f"--device {device!r}: expected cpu, cuda, cuda:N or mps",
                              field="--device")
     if kind == "cuda":
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        count = _visible_gpus()
         if count == 0:
             raise UserInputError(f"--device {device}: no CUDA GPU is visible; use --device cpu "
                                  "or leave it unset", field="--device")
