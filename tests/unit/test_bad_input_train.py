@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.bad_input import Case, Result, Workspace
 from vllm_kimi_ext import envs
-from vllm_kimi_ext.testing.bad_input import Case, Result, Workspace
 
 HIDDEN, LAYERS, VOCAB, HEADS = 64, 6, 768, 4
 LAYER_IDS = [2, 3, 4, 6]  # a valid explicit choice for the 6-layer target
@@ -95,7 +95,7 @@ def _write_remote(path: Path) -> None:
 
 
 def _write_head(path: Path) -> None:
-    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+    from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 
     write_tiny_eagle3(path, TinyKimiSpec(num_hidden_layers=LAYERS, num_ranks=VOCAB - 256),
                       TinyEagle3Spec(aux_layer_ids=tuple(LAYER_IDS[:-1])))

@@ -30,7 +30,7 @@ def inputs(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, write_tiny_deepseek_v3
+    from testkit.checkpoints import TinyKimiSpec, write_tiny_deepseek_v3
     from vllm_kimi_ext.train import capture, layout
     from vllm_kimi_ext.train.bridge import write_target_stub
 
