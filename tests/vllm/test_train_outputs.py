@@ -10,9 +10,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -129,42 +126,15 @@ def test_a_full_disk_during_the_export_leaves_the_previous_out(inputs, previous,
     assert sorted(p.name for p in out.parent.iterdir()) == ["draft"]
 
 
-# The child runs the real CLI; safetensors' save_file writes half of the weights, drops a
-# marker and waits: the parent kills it mid-export.
-_CHILD = """
-import sys, time
-import safetensors.torch as st
-real = st.save_file
-def half_then_wait(tensors, filename, metadata=None):
-    real(tensors, filename, metadata=metadata)
-    data = open(filename, "rb").read()
-    open(filename, "wb").write(data[: len(data) // 2])
-    open(sys.argv[1], "w").write(filename)
-    time.sleep(300)
-st.save_file = half_then_wait
-from vllm_kimi_ext.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 def test_sigkill_during_the_export_leaves_the_previous_out_and_the_next_run_cleans_up(
         inputs, previous, tmp_path, capsys):
     out, before = previous
+    from testkit.interrupt import run_until_mid_write
+
     marker = tmp_path / "reached-the-export"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(marker),
-                             *_argv(inputs, out, "--force", "--seed", "3")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"child never reached the export: {proc.communicate()}")
-        time.sleep(0.2)
+    proc, partial = run_until_mid_write(_argv(inputs, out, "--force", "--seed", "3"), marker)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    partial = Path(marker.read_text())
     assert partial.parent == tmp_path / f".draft.draft-train-tmp-{proc.pid}"
     assert _files(out) == before  # the final name still holds the previous draft
     code, err = _train(inputs, out, "--force", "--seed", "3", capsys=capsys)
