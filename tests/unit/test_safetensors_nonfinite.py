@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import save_file  # noqa: E402
 
-from vllm_kimi_ext.drafts.safetensors_headers import TensorIndex  # noqa: E402
+from vllm_kimi_ext.checkpoints.safetensors_headers import TensorIndex  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e5m2,
           torch.float8_e4m3fn]

@@ -186,7 +186,7 @@ def draft_vocab(data_dir: str | Path, target_dir: str | Path, samples: Sequence[
     (shrink-vocab's selection rule)."""
     from collections import Counter
 
-    from vllm_kimi_ext.drafts.shrink_vocab import ShrinkVocabError, select_kept_ids
+    from vllm_kimi_ext.drafts.shrink_vocab.shrink import ShrinkVocabError, select_kept_ids
 
     if from_dir is not None and size is not None:
         raise DataError("--draft-vocab-from and --draft-vocab-size exclude each other")
@@ -323,7 +323,7 @@ def train(
               "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
               "losses": [round(x, 5) for x in losses], "library": _library_version()}
     out = export_atomically(model.cpu(), target_dir, out_dir, record, force=force)
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     report = diagnose(target_dir, out, method="eagle3")
     log(report.format_text())
@@ -335,7 +335,7 @@ def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record
     """Export ``model`` and its ``training.json`` into a temporary folder beside
     ``out_dir`` and rename it into place: an interrupted or failed export (a full disk, a
     kill) leaves ``out_dir`` as it was. An existing non-empty ``out_dir`` needs ``force``."""
-    from vllm_kimi_ext.drafts.output_dir import clean_stale, write_directory_atomically
+    from vllm_kimi_ext.drafts.shrink_vocab.output_dir import clean_stale, write_directory_atomically
 
     out = Path(out_dir)
 

@@ -561,17 +561,10 @@ def check_args(command: str, args: Any) -> None:
 # --------------------------------------------------------------------------- #
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def strict_json(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` whose output every JSON parser reads: NaN and infinities become
-    ``null`` (``allow_nan=False`` proves none is left)."""
-    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
+    ``null`` (the cost model's :func:`~vllm_kimi_ext.costmodel.cli.strict`;
+    ``allow_nan=False`` proves none is left)."""
+    from vllm_kimi_ext.costmodel.cli import strict
+
+    return json.dumps(strict(obj), allow_nan=False, **kwargs)
