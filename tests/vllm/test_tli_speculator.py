@@ -73,7 +73,7 @@ def test_configures_with_another_vocabulary_where_draft_model_is_refused(dirs):
     # loaded as the model it is (patch 0010), not rewritten into an MTP head
     assert spec.draft_model_config.architectures == ["DeepseekV3ForCausalLM"]
     # the plugin's draft_model tokenizer gate leaves a registered method alone
-    from vllm_kimi_ext.drafts.hook import check_speculative_config
+    from vllm_kimi_ext.integration.draft_check import check_speculative_config
 
     check_speculative_config(cfg)
 
@@ -173,7 +173,7 @@ def test_verification_with_the_speculators_q_is_lossless(built):
 
     from testkit.verify_equivalence import chi_square
     from testkit.vllm_cpu import compute_logits, run_forward
-    from vllm_kimi_ext.drafts.cross_tokenizer import rejection_step, sample_categorical
+    from vllm_kimi_ext.drafts.tli.cross_tokenizer import rejection_step, sample_categorical
 
     cfg, spec, target_model = built
     maps = spec.tli_maps
