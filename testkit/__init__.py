@@ -10,5 +10,6 @@ and not part of the installed package: import it from the repository root (pytes
 - :mod:`.verify_equivalence`, :mod:`.verify_simulate`, :mod:`.verify_dist_check`,
   :mod:`.verify_kernel_check`: the verifier's harness (certified token-for-token comparison,
   chi-square, a threaded TP group, a multi-process check, Triton vs torch kernels);
-- :mod:`.upstream_deselect`: the pytest plugin of ``nox -s upstream-tests``.
+- :mod:`.upstream_deselect`: the pytest plugin of ``nox -s upstream-tests``;
+- :mod:`.interrupt`: a command stopped half-way through a write (SIGKILL / SIGTERM tests).
 """

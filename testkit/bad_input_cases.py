@@ -204,6 +204,14 @@ DOCTOR_CASES: list[Case] = [
     _doctor("weights-extra-bytes", _pair(edit=lambda d: open(
         d / "model.safetensors", "ab").write(b"\0" * 16)), 1,
         ["longer than its header says"], ["E-WEIGHTS-SIZE"]),
+    _doctor("weights-nan-in-fc", _pair(edit=_tensors(
+        **{"fc.weight": lambda t: _set(t.clone(), (0, 3), float("nan"))})), 1,
+        ["tensor fc.weight holds NaN or infinite values", "element 3"],
+        ["E-WEIGHTS-NONFINITE"]),
+    _doctor("weights-inf-in-two-tensors", _pair(edit=_tensors(
+        **{"fc.weight": lambda t: _set(t.clone(), (1, 0), float("inf")),
+           "lm_head.weight": lambda t: _set(t.clone(), (0, 0), float("-inf"))})), 1,
+        ["2 tensors in all", "lm_head.weight"], ["E-WEIGHTS-NONFINITE"]),
     _doctor("weights-random-bytes", _pair(edit=_write("model.safetensors", os.urandom(64) * 4)),
             1, ["does not fit the file"], ["E-WEIGHTS-HEADER"]),
     _doctor("weights-shorter-than-8-bytes", _pair(edit=_write("model.safetensors", b"\1\2")), 1,

@@ -11,7 +11,8 @@ One truthy rule for every on/off flag: ``1``, ``true``, ``yes``, ``on`` are on;
 ``0``, ``false``, ``no``, ``off`` and the empty string are off (any case,
 surrounding blanks ignored). Anything else raises :class:`EnvError`, a one-line
 message naming the variable, its value and what was expected: a typo never
-silently means "off".
+silently means "off". A set ``VLLM_KIMI_EXT*`` name that is none of the flags is
+named with the closest known one (:func:`unknown_warnings`).
 
 Stdlib only (``noxfile.py`` imports it before any environment exists).
 """
@@ -140,6 +141,31 @@ def check_all(environ: Mapping[str, str] | None = None) -> None:
             problems.append(str(exc))
     if problems:
         raise EnvError("; ".join(problems))
+
+
+def unknown_names(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``(name, closest known name or None)`` for every set variable that starts with
+    ``VLLM_KIMI_EXT`` but is none of :data:`FLAGS` (a typo would otherwise pass silently)."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    known = [f.name for f in FLAGS]
+    out = []
+    for name in sorted(environ):
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            out.append((name, close[0] if close else None))
+    return out
+
+
+def unknown_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning line per unknown ``VLLM_KIMI_EXT*`` variable."""
+    lines = []
+    for name, close in unknown_names(environ):
+        hint = f"did you mean {close}?" if close else \
+            "known: " + ", ".join(f.name for f in FLAGS)
+        lines.append(f"{name} is not a vllm-kimi-ext variable and is ignored ({hint})")
+    return lines
 
 
 def markdown_table() -> str:

@@ -8,7 +8,9 @@ Nothing happens unless ``VLLM_KIMI_EXT=1``: installing the package must not
 change vLLM's behaviour. When enabled, the plugin
 
 1. parses every ``VLLM_KIMI_EXT_*`` variable (:mod:`vllm_kimi_ext.envs`; an
-   invalid value raises a one-line error naming it);
+   invalid value stops the process with one line naming it, exit 2; a set
+   ``VLLM_KIMI_EXT*`` name it does not know is named in a warning with the closest
+   known name, enabled or not);
 2. checks the pin (:mod:`vllm_kimi_ext.compat`) and refuses — raising, which
    stops vLLM before anything is served — on a vLLM other than 0.34.0 or a tree
    whose applied patch series differs from this package's;
@@ -26,12 +28,15 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from vllm_kimi_ext import __version__, envs
 
 logger = logging.getLogger("vllm_kimi_ext")
 
 _state: dict[str, object] = {"registered": False}
+#: exit status of a process stopped by an invalid variable (the CLIs' "usage" code)
+EXIT_BAD_ENV = 2
 
 
 def enabled() -> bool:
@@ -116,12 +121,31 @@ def status_line(methods: list[str]) -> str:
             f"runtime patches: {patches}; speculative methods: {', '.join(methods)}")
 
 
+def check_environment() -> bool:
+    """Warn about unknown ``VLLM_KIMI_EXT*`` names; parse every flag. Returns whether
+    the plugin is enabled. An invalid value prints one line naming the variable and
+    what was expected and raises ``SystemExit(2)``: vLLM calls the plugin outside any handler of
+    its own, so anything else would reach a ``vllm serve`` user as a traceback."""
+    warnings = envs.unknown_warnings()
+    if warnings:
+        _route_logs_through_vllm()
+        for line in warnings:
+            logger.warning("vllm-kimi-ext: %s", line)
+    try:
+        if not enabled():
+            return False
+        envs.check_all()
+    except envs.EnvError as exc:
+        print(f"vllm-kimi-ext: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_ENV) from None
+    return True
+
+
 def register() -> None:
     """Entry point vLLM calls; see the module docstring."""
-    if not enabled():
+    if not check_environment():
         logger.debug("vllm-kimi-ext installed but inactive (set %s=1)", envs.ENABLE.name)
         return
-    envs.check_all()
     _route_logs_through_vllm()
     from vllm_kimi_ext.compat import check_compat
 

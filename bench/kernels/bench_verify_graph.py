@@ -230,7 +230,8 @@ def reference_check(z, b, out) -> dict:
         ours = VerifyOutput(sampled, num, ours.accept_margin, ours.nucleus_margin)
     rep = assert_equivalent(ref, ours, b, logits=z, vocab_size=V, allow_score_ties=True)
     return {"requests": rep.num_reqs, "identical": rep.identical,
-            "certified_flips": rep.certified_accept_flips, "score_ties": rep.certified_residual_ties,
+            "certified_flips": rep.certified_accept_flips,
+            "score_ties": rep.certified_residual_ties,
             "deferred_requests": len(stopped)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -117,3 +118,56 @@ def test_cli_prints_the_table_and_refuses_arguments():
     bad = subprocess.run([sys.executable, "-m", "vllm_kimi_ext.envs", "--x"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def _misspelt(name: str) -> str:
+    """``name`` with its last letter doubled (built here, so that no source file spells
+    an unknown variable name)."""
+    return name + name[-1]
+
+
+@pytest.mark.parametrize("flag", [f for f in envs.FLAGS if f is not envs.ENABLE])
+def test_a_misspelt_variable_is_named_with_the_closest_known_name(flag):
+    wrong = _misspelt(flag.name)
+    assert envs.unknown_names({wrong: "1", flag.name: "1"}) == [(wrong, flag.name)]
+    (line,) = envs.unknown_warnings({wrong: "1"})
+    assert line.startswith(f"{wrong} is not a vllm-kimi-ext variable") and \
+        f"did you mean {flag.name}?" in line and "\n" not in line
+
+
+def test_a_far_off_name_lists_the_known_ones_and_other_prefixes_are_ignored():
+    far = envs.PREFIX + "_" + "Q" * 30
+    (line,) = envs.unknown_warnings({far: "1", "VLLM_OTHER": "1", "KIMI_EXT_X": "1"})
+    assert far in line and envs.SHARDED_VERIFY.name in line
+    assert envs.unknown_names({f.name: "1" for f in envs.FLAGS}) == []
+
+
+def test_the_plugin_warns_about_a_misspelt_name_even_when_off(monkeypatch, caplog):
+    from vllm_kimi_ext import plugin
+
+    wrong = _misspelt(envs.ENABLE.name)  # the enabling variable itself, misspelt
+    monkeypatch.delenv(envs.ENABLE.name, raising=False)
+    monkeypatch.setenv(wrong, "1")
+    with caplog.at_level("WARNING", logger="vllm_kimi_ext"):
+        plugin.register()
+    assert [r.getMessage() for r in caplog.records if wrong in r.getMessage()] == [
+        f"vllm-kimi-ext: {wrong} is not a vllm-kimi-ext variable and is ignored "
+        f"(did you mean {envs.ENABLE.name}?)"]
+
+
+def test_vllm_loading_the_plugin_stops_with_one_line_naming_the_variable(tmp_path):
+    """What `vllm serve` does first (vllm.plugins.load_general_plugins, outside any
+    handler) ends with one line on stderr and exit 2, not a traceback."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from vllm.plugins import load_plugins_by_group; "
+            "[f() for f in load_plugins_by_group('vllm.general_plugins').values()]")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(envs.PREFIX)},
+           envs.ENABLE.name: "1", envs.SHARDED_VERIFY.name: "maybe",
+           "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "vllm-kimi-ext" in ln]
+    assert lines == [f"vllm-kimi-ext: error: {envs.SHARDED_VERIFY.name}='maybe': expected one "
+                     "of 1/true/yes/on (on) or 0/false/no/off (off)"], proc.stderr
+    assert "Traceback" not in proc.stderr

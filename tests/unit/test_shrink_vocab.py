@@ -284,24 +284,6 @@ def test_cli_registers_draft_group_and_keeps_doctor():
 # Interrupted runs: a real SIGKILL / SIGTERM of the CLI in a subprocess        #
 # --------------------------------------------------------------------------- #
 
-# The child runs the real CLI; safetensors' save_file is wrapped to write half of the
-# first weight file, drop a marker and wait: the parent then signals it mid-write.
-_CHILD = """
-import sys, time
-import safetensors.torch as st
-real = st.save_file
-def half_then_wait(tensors, filename, metadata=None):
-    real(tensors, filename, metadata=metadata)
-    data = open(filename, "rb").read()
-    open(filename, "wb").write(data[: len(data) // 2])
-    open(sys.argv[1], "w").write(filename)
-    time.sleep(120)
-st.save_file = half_then_wait
-from vllm_kimi_ext.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 @pytest.fixture(scope="module")
 def cli_inputs(tmp_path_factory):
     from testkit.tokenizers import write_kimi_tokenizer
@@ -323,24 +305,10 @@ def _cli_argv(root: Path, out: Path, *extra: str) -> list[str]:
 
 def _run_until_mid_write(root: Path, out: Path, *extra: str):
     """Start the CLI in a subprocess; return it once it is half-way through a file."""
-    import os
-    import subprocess
-    import sys
-    import time
+    from testkit.interrupt import run_until_mid_write
 
-    marker = out.parent / f"{out.name}.marker"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # the repository root first
-        [str(Path(sv.__file__).parents[3]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(marker),
-                             *_cli_argv(root, out, *extra)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"child never reached the write: {proc.communicate()}")
-        time.sleep(0.1)
-    return proc, Path(marker.read_text())
+    return run_until_mid_write(_cli_argv(root, out, *extra),
+                               out.parent / f"{out.name}.marker", timeout=180)
 
 
 def test_sigkill_mid_write_leaves_the_previous_output_and_the_next_run_cleans_up(

@@ -246,10 +246,11 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path, capsys):
         assert err.count("\n") == 1 and needle in err, err
 
     refused(["draft", "train", "--data", str(tmp_path / "none"), "--target", str(tmp_path),
-             "--out", str(tmp_path / "o")], "samples.jsonl: no such file")
+             "--out", str(tmp_path / "o")], "none: no such folder")
     refused(["draft", "capture", "--data", str(tmp_path)], "exactly one of --vllm-target")
     refused(["draft", "regenerate", "--prompts", str(tmp_path / "p.jsonl"), "--out",
              str(tmp_path / "d"), "--server", "http://127.0.0.1:9/v1"], "p.jsonl: no such file")
     layout.append_samples(tmp_path, [_sample(0)])
+    (tmp_path / "config.json").write_text("{}")
     refused(["draft", "eval", "--data", str(tmp_path), "--target", str(tmp_path), "--draft",
              str(tmp_path), "--split", "heldout"], "needs --holdout-every")

@@ -46,6 +46,11 @@ DTYPE_BITS = {
 }
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors loader's own limit
 _INT_FORMATS = {"I64": "q", "I32": "i", "I16": "h", "I8": "b", "U8": "B", "BOOL": "?"}
+#: Float dtypes -> (bytes per element, exponent mask): an IEEE value is NaN or infinite
+#: exactly when all its exponent bits are set (F8_E4M3 has no infinity; its NaN sets
+#: exponent and mantissa, the 7 low bits). The FNUZ formats (NaN = 0x80) are not listed.
+_NON_FINITE_MASKS = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000),
+                     "F64": (8, 0x7FF0000000000000), "F8_E5M2": (1, 0x7C), "F8_E4M3": (1, 0x7F)}
 
 
 class SafetensorsHeaderError(UserInputError):
@@ -276,6 +281,34 @@ class TensorIndex:
             return suffix
         hits = [n for n in self.entries if n.endswith("." + suffix)]
         return hits[0] if len(hits) == 1 else None
+
+    def first_non_finite(self, name: str, chunk_elements: int = 1 << 24) -> int | None:
+        """The flat index of the first NaN or infinite element of a float tensor, or
+        ``None`` (also for non-float dtypes); read in chunks, bit patterns only."""
+        import numpy as np
+
+        e = self.entries[name]
+        spec = _NON_FINITE_MASKS.get(e.dtype)
+        if spec is None:
+            return None
+        size, mask = spec
+        utype = np.dtype({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size])
+        utype = utype.newbyteorder("<")
+        done, remaining = 0, e.end - e.start
+        with open(e.file, "rb") as fh:
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            fh.seek(8 + hlen + e.start)
+            while remaining > 0:
+                raw = fh.read(min(remaining, chunk_elements * size))
+                if not raw or len(raw) % size:
+                    raise ValueError(f"{e.file}: {name} is truncated")
+                values = np.frombuffer(raw, dtype=utype)
+                hits = np.flatnonzero((values & utype.type(mask)) == mask)
+                if hits.size:
+                    return done + int(hits[0])
+                done += values.size
+                remaining -= len(raw)
+        return None
 
     def read_ints(self, name: str) -> list[int]:
         """The values of a small integer or bool tensor (``d2t``, ``t2d``)."""

@@ -58,6 +58,9 @@ class DraftOptions:
     #: "intermediate_size": 12288}`` (derived from an MLA target, head_dim would be the
     #: target's rope head dim, 64)
     layer_overrides: dict | None = None
+    #: run the target's own code (``auto_map``) when reading its config; the CLI sets
+    #: it from ``--trust-remote-code`` only
+    trust_remote_code: bool = False
 
 
 def require_speculators():
@@ -122,7 +125,7 @@ def _layer_config_from_target(target_dir: Path, opts: DraftOptions):
     cfg = create_transformer_layer_config(
         verifier_name_or_path=str(target_dir), num_layers=opts.num_layers, draft_arch="llama",
         hidden_act=None, sliding_window=0, full_attention_indices=list(range(opts.num_layers)),
-        trust_remote_code=True)
+        trust_remote_code=opts.trust_remote_code)
     cfg.use_sliding_window = False
     cfg.sliding_window = None
     for key, value in (opts.layer_overrides or {}).items():
@@ -130,6 +133,34 @@ def _layer_config_from_target(target_dir: Path, opts: DraftOptions):
             raise DataError(f"--draft-layer: {key} is the target's and cannot be overridden")
         setattr(cfg, key, value)
     return cfg
+
+
+#: ``--draft-layer`` keys that take a count >= 1 (the rest of the Llama layer's fields are
+#: copied from the target or fixed by EAGLE-3).
+_LAYER_COUNTS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "max_position_embeddings")
+
+
+def check_layer_overrides(overrides: dict | None) -> None:
+    """``--draft-layer``: known Llama layer fields only, counts >= 1, the key/value heads
+    dividing the attention heads."""
+    if not overrides:
+        return
+    allowed = {k for k in _LAYER_KEYS if k not in ("hidden_size", "num_hidden_layers")}
+    for key, value in overrides.items():
+        if key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+            raise DataError(f"--draft-layer: {key} is fixed (the target's, or one EAGLE-3 "
+                            "layer) and cannot be overridden")
+        if key not in allowed:
+            raise DataError(f"--draft-layer: unknown field {key!r}; expected some of "
+                            f"{', '.join(sorted(allowed))}")
+        if key in _LAYER_COUNTS and (isinstance(value, bool) or not isinstance(value, int)
+                                     or value < 1):
+            raise DataError(f"--draft-layer: {key} is {value!r}, expected an integer >= 1")
+    heads, kv = overrides.get("num_attention_heads"), overrides.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise DataError(f"--draft-layer: num_key_value_heads {kv} must divide "
+                        f"num_attention_heads {heads}")
 
 
 def _layer_config_from_flat(head_cfg: dict):
@@ -218,7 +249,7 @@ def build_draft(target_dir: str | Path, aux_layer_ids: list[int], *,
             "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")})
     model = Eagle3DraftModel.from_training_args(
         layer_cfg, t2d=t2d, d2t=d2t, target_layer_ids=list(aux_layer_ids),
-        verifier_name_or_path=str(target_dir), trust_remote_code=True,
+        verifier_name_or_path=str(target_dir), trust_remote_code=opts.trust_remote_code,
         draft_attn_impl=opts.attn_impl, draft_vocab_size=draft_vocab,
         norm_before_residual=opts.norm_before_residual, norm_before_fc=opts.norm_before_fc,
         fc_norm=opts.fc_norm, norm_output=opts.norm_output, ttt_steps=ttt_steps)

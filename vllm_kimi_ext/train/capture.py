@@ -40,21 +40,25 @@ SHARD_HEADER_BYTES = 256
 
 
 def default_layer_ids(num_hidden_layers: int) -> list[int]:
-    """vLLM's default EAGLE-3 aux taps plus the last layer: ``[2, L//2, L-3, L]``."""
+    """vLLM's default EAGLE-3 aux taps plus the last layer: ``[2, L//2, L-3, L]``; on a
+    target too shallow for them (L < 6) the taps are clipped into ``[0, L-1]`` and
+    merged, so the default fits every target (L = 4: ``[1, 2, 4]``)."""
     n = num_hidden_layers
-    if n < 6:
-        raise DataError(f"target has {n} layers; pass --layer-ids explicitly")
-    return [2, n // 2, n - 3, n]
+    if n < 1:
+        raise DataError(f"the target's num_hidden_layers is {n}, expected >= 1")
+    return sorted({min(max(i, 0), n - 1) for i in (2, n // 2, n - 3)}) + [n]
 
 
 def check_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[int]:
     ids = [int(i) for i in layer_ids]
+    shown = " ".join(map(str, ids))
     if len(ids) < 2 or ids != sorted(set(ids)):
-        raise DataError(f"--layer-ids {ids}: need >= 2 distinct ids in ascending order "
-                        "(aux layers, then the last)")
+        raise DataError(f"--layer-ids {shown}: need >= 2 distinct ids in ascending order "
+                        "(aux layers, then the last)", field="--layer-ids")
     if ids[0] < 0 or ids[-1] != num_hidden_layers:
-        raise DataError(f"--layer-ids {ids}: ids must lie in [0, {num_hidden_layers}] and end "
-                        f"with {num_hidden_layers} (the last layer, for the loss's targets)")
+        raise DataError(f"--layer-ids {shown}: ids must lie in [0, {num_hidden_layers}] and end "
+                        f"with {num_hidden_layers} (the target has {num_hidden_layers} layers; "
+                        "the last is the loss's target)", field="--layer-ids")
     return ids
 
 
@@ -97,6 +101,48 @@ def _save_shard(path: Path, hidden, token_ids) -> None:
     os.replace(tmp, path)
 
 
+def _verified(data_dir: Path, samples: Sequence[Sample], num_layers: int, hidden: int,
+              records: dict[int, dict]) -> set[int]:
+    """Indices of the samples whose shard has the expected shape and matches its record
+    (size and sha256; checksums computed in parallel, hashlib releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shaped = [s for s in samples if s.index in records
+              and layout.captured(data_dir, s, num_layers, hidden)]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        ok = pool.map(lambda s: layout.shard_matches(data_dir, s.index, records[s.index]),
+                      shaped)
+        return {s.index for s, good in zip(shaped, ok) if good}
+
+
+def check_capture_data(data_dir: str | Path, vocab_size: int | None,
+                       layer_ids: Sequence[int] | None, dtype: str,
+                       hidden_size: int | None = None) -> list[Sample]:
+    """What ``draft capture`` reads, checked before any engine is built: the samples
+    (readable, token ids inside the target's vocabulary) and an earlier capture's
+    settings (same layer ids, dtype and hidden size, or a new directory)."""
+    data_dir = Path(data_dir)
+    samples = layout.read_samples(data_dir)
+    if not samples:
+        raise DataError(f"{data_dir / layout.SAMPLES}: no samples (run `vllm-kimi-ext draft "
+                        "regenerate` first)")
+    for s in samples:
+        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None) \
+            if vocab_size else None
+        if bad is not None:
+            raise DataError(f"{data_dir / layout.SAMPLES}: sample {s.index} holds token id "
+                            f"{bad}, outside the target's vocabulary [0, {vocab_size})")
+    previous = layout.read_manifest(data_dir).get("capture")
+    if previous and layer_ids is not None and (previous.get("layer_ids") != list(layer_ids)
+                     or previous.get("dtype") != dtype
+                     or (hidden_size and previous.get("hidden_size") not in (None, hidden_size))):
+        raise DataError(
+            f"{data_dir / layout.MANIFEST}: captured with layer_ids {previous.get('layer_ids')} "
+            f"dtype {previous.get('dtype')} hidden_size {previous.get('hidden_size')}; this run "
+            f"asks {list(layer_ids)} {dtype} {hidden_size} (use a new --data directory)")
+    return samples
+
+
 def capture(
     data_dir: str | Path,
     backend: Backend,
@@ -126,7 +172,15 @@ def capture(
             f"{data_dir / layout.MANIFEST}: captured with layer_ids {previous.get('layer_ids')} "
             f"dtype {previous.get('dtype')}; this run asks {ids} {dtype} (use a new directory)")
     h = backend.hidden_size
-    todo = [s for s in samples if not layout.captured(data_dir, s, len(ids), h)]
+    records = layout.shard_records(data_dir)
+    good = _verified(data_dir, samples, len(ids), h, records)
+    present = [s for s in samples if s.index not in good
+               and layout.hidden_path(data_dir, s.index).exists()]
+    if present:
+        log(f"capture: {len(present)} shard(s) differ from their recorded size and sha256 "
+            f"or were never recorded (first: {layout.hidden_path(data_dir, present[0].index)}); "
+            "capturing them again")
+    todo = [s for s in samples if s.index not in good]
     need = estimate_disk(todo, len(ids), h, dtype)
     total = estimate_disk(samples, len(ids), h, dtype)
     free = shutil.disk_usage(data_dir).free
@@ -143,13 +197,18 @@ def capture(
         chunk = todo[start:start + batch_size]
         backend.capture(chunk, ids, [layout.hidden_path(data_dir, s.index) for s in chunk],
                         dtype)
+        written = [layout.shard_record(data_dir, s.index) for s in chunk]
+        layout.append_shard_records(data_dir, written)
+        records.update((r["index"], r) for r in written)
         bar.update(len(chunk))
     bar.close()
     elapsed = time.perf_counter() - t0
-    done = [s for s in samples if layout.captured(data_dir, s, len(ids), h)]
+    done = [s for s in samples if s.index in records
+            and layout.captured(data_dir, s, len(ids), h)]
     entries = [{"index": s.index, "prompt_hash": s.prompt_hash, "source": s.source,
                 "file": str(layout.hidden_path(data_dir, s.index).relative_to(data_dir)),
-                "shape": [s.num_tokens, len(ids), h], "loss_tokens": len(s.output_token_ids)}
+                "shape": [s.num_tokens, len(ids), h], "loss_tokens": len(s.output_token_ids),
+                "bytes": records[s.index]["bytes"], "sha256": records[s.index]["sha256"]}
                for s in done]
     section = dict(backend.description, layer_ids=ids, aux_layer_ids=ids[:-1],
                    last_layer_id=ids[-1], dtype=dtype, hidden_size=h,
@@ -223,7 +282,7 @@ class TransformersCapture:
 
 
 def vllm_engine_kwargs(target: str, layer_ids: Sequence[int], staging_dir: str | Path, *,
-                       tensor_parallel_size: int = Capture.tensor_parallel_size,
+                       tensor_parallel_size: int,
                        max_model_len: int | None = None,
                        **extra) -> dict:
     """``vllm.LLM`` / ``EngineArgs`` keyword arguments that make vLLM 0.34.0 write the

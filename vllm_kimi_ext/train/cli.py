@@ -20,7 +20,9 @@ from pathlib import Path
 from vllm_kimi_ext import facts
 from vllm_kimi_ext.train import settings
 from vllm_kimi_ext.train.settings import add_flags, from_args
-from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError
+from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK
+
+from .validate import check_args, strict_json
 
 
 def register_draft_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -48,15 +50,21 @@ def _add_hf_model(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--gguf-file", default=None, help="GGUF file name inside --hf-model")
 
 
-def load_hf(model_dir: str, gguf_file: str | None = None):
+def _add_trust_remote_code(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the Python code a checkpoint ships (its config's auto_map), as "
+                        "vLLM's flag of the same name; off: such a checkpoint is refused")
+
+
+def load_hf(model_dir: str, gguf_file: str | None = None, *, trust_remote_code: bool = False):
     """``(model, tokenizer)`` from a local directory (offline), float32 on CPU."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True, **kw)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code, **kw)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 trust_remote_code=True, **kw)
+                                                 trust_remote_code=trust_remote_code, **kw)
     return model.eval(), tok
 
 
@@ -92,6 +100,7 @@ def _register_regenerate(sub) -> None:
     p.add_argument("--chat-template-kwargs", type=_json_arg, default=None,
                    help='JSON passed to the chat template, e.g. \'{"thinking": true}\'')
     add_flags(p, settings.Regeneration)
+    _add_trust_remote_code(p)
     p.set_defaults(func=run_regenerate)
 
 
@@ -103,9 +112,7 @@ def run_regenerate(args) -> int:
         regenerate,
     )
 
-    if bool(args.server) == bool(args.hf_model):
-        raise UsageError("give exactly one of --server, --hf-model", field="--server",
-                         expected="exactly one of --server, --hf-model")
+    check_args("regenerate", args)
     sampling = from_args(settings.Sampling, args)
     convs = load_conversations(args.prompts, field=args.field,
                                first_turn_only=args.first_turn_only, limit=args.limit)
@@ -114,12 +121,13 @@ def run_regenerate(args) -> int:
                               chat_template_kwargs=args.chat_template_kwargs,
                               api_key=args.api_key, concurrency=args.concurrency)
     else:
-        model, tok = load_hf(args.hf_model, args.gguf_file)
+        model, tok = load_hf(args.hf_model, args.gguf_file,
+                             trust_remote_code=args.trust_remote_code)
         gen = TransformersGenerator(model, tok, sampling, name=args.hf_model,
                                     chat_template_kwargs=args.chat_template_kwargs)
     section = regenerate(args.out, convs, gen, chat_template_kwargs=args.chat_template_kwargs,
                          batch_size=args.batch_size)
-    print(json.dumps(section["measured"]))
+    print(strict_json(section["measured"]))
     return EXIT_OK
 
 
@@ -139,38 +147,33 @@ def _register_capture(sub) -> None:
     _add_hf_model(p)
     p.add_argument("--layer-ids", type=int, nargs="+", default=None,
                    help="ascending layer ids, the last = the target's layer count "
-                        "(default: 2, L//2, L-3, L)")
+                        "(default: an earlier capture's on resume, else vLLM's taps 2, L//2, "
+                        "L-3 clipped to the target's depth, then L)")
     add_flags(p, settings.Capture, only=("dtype", "batch_size"))
     p.add_argument("--no-space-check", action="store_true")
     p.add_argument("--speculators-dataset", action="store_true",
                    help="also write the Arrow dataset `speculators train --data-path DATA` "
                         "reads")
+    _add_trust_remote_code(p)
     p.set_defaults(func=run_capture)
 
 
 def run_capture(args) -> int:
     from .capture import TransformersCapture, VllmCapture, capture, vllm_engine_kwargs
 
-    if bool(args.vllm_target) == bool(args.hf_model):
-        raise UsageError("give exactly one of --vllm-target, --hf-model", field="--vllm-target",
-                         expected="exactly one of --vllm-target, --hf-model")
+    check_args("capture", args)  # --data read and checked before any model or engine
     if args.hf_model:
-        model, _ = load_hf(args.hf_model, args.gguf_file)
+        model, _ = load_hf(args.hf_model, args.gguf_file,
+                           trust_remote_code=args.trust_remote_code)
         backend = TransformersCapture(model, name=args.hf_model)
     else:
         from vllm import LLM
 
-        from .bridge import target_text_config
-        from .capture import check_layer_ids, default_layer_ids
-
-        n = int(target_text_config(args.vllm_target)["num_hidden_layers"])
-        ids = check_layer_ids(args.layer_ids or default_layer_ids(n), n)
-        args.layer_ids = ids
         staging = Path(args.staging or Path(args.data) / ".staging")
-        llm = LLM(**vllm_engine_kwargs(args.vllm_target, ids, staging,
+        llm = LLM(**vllm_engine_kwargs(args.vllm_target, args.layer_ids, staging,
                                        tensor_parallel_size=args.tensor_parallel_size,
                                        max_model_len=args.max_model_len,
-                                       trust_remote_code=True))
+                                       trust_remote_code=args.trust_remote_code))
         backend = VllmCapture(llm, target=args.vllm_target, staging_dir=staging,
                               tensor_parallel_size=args.tensor_parallel_size)
     section = capture(args.data, backend, layer_ids=args.layer_ids, dtype=args.dtype,
@@ -179,7 +182,8 @@ def run_capture(args) -> int:
         from .trainer import write_speculators_dataset
 
         write_speculators_dataset(args.data)
-    print(json.dumps({k: section[k] for k in ("layer_ids", "dtype", "disk_bytes", "measured")}))
+    print(strict_json({k: section[k] for k in ("layer_ids", "dtype", "disk_bytes",
+                                               "measured")}))
     return EXIT_OK
 
 
@@ -193,7 +197,10 @@ def _register_train(sub) -> None:
     p.add_argument("--target", required=True,
                    help="target directory: config.json + safetensors with the embedding, "
                         "lm_head and final norm")
-    p.add_argument("--out", required=True, help="draft directory to write")
+    p.add_argument("--out", required=True, help="draft directory to write (written beside it "
+                   "and renamed into place: never half-written)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing non-empty --out (kept until the new one is whole)")
     p.add_argument("--init", default=None,
                    help="head to fine-tune: a flat EAGLE-3 directory or a speculators checkpoint")
     vocab = p.add_mutually_exclusive_group()
@@ -208,6 +215,7 @@ def _register_train(sub) -> None:
                    help=f"Llama layer fields of a fresh head, e.g. '{json.dumps(example)}'")
     add_flags(p, settings.TrainConfig)
     add_flags(p, settings.Holdout)
+    _add_trust_remote_code(p)
     p.set_defaults(func=run_train)
 
 
@@ -216,13 +224,16 @@ def run_train(args) -> int:
     from .bridge import DraftOptions
     from .trainer import train
 
+    check_args("train", args)  # numbers, paths, --out apart from every input, the data
     cfg = from_args(settings.TrainConfig, args)
     held = holdout_hashes(layout.read_samples(args.data), args.holdout_every)
     result = train(args.data, args.target, args.out, init=args.init,
                    draft_vocab_size=args.draft_vocab_size,
                    draft_vocab_from=args.draft_vocab_from, holdout=held, config=cfg,
-                   options=DraftOptions(layer_overrides=args.draft_layer))
-    print(json.dumps({"out": str(result.out_dir), "steps": result.steps,
+                   options=DraftOptions(layer_overrides=args.draft_layer,
+                                        trust_remote_code=args.trust_remote_code),
+                   force=args.force)
+    print(strict_json({"out": str(result.out_dir), "steps": result.steps,
                       "first_loss": result.losses[0] if result.losses else None,
                       "last_loss": result.losses[-1] if result.losses else None,
                       "tokens_per_s": round(result.tokens_per_s, 2)}))
@@ -241,6 +252,7 @@ def _register_eval(sub) -> None:
     add_flags(p, settings.Holdout)
     p.add_argument("--split", choices=("heldout", "train", "all"), default="all")
     p.add_argument("--json", action="store_true")
+    _add_trust_remote_code(p)
     p.set_defaults(func=run_eval)
 
 
@@ -248,18 +260,18 @@ def run_eval(args) -> int:
     from . import layout
     from .evaluate import evaluate, format_table
 
+    check_args("eval", args)
     samples = layout.read_samples(args.data)
     held = holdout_hashes(samples, args.holdout_every)
-    if args.split != "all" and not args.holdout_every:
-        raise UsageError("--split heldout/train needs --holdout-every", field="--split")
     pick = {"all": lambda s: True, "heldout": lambda s: s.prompt_hash in held,
             "train": lambda s: s.prompt_hash not in held}[args.split]
     cap = layout.read_manifest(args.data).get("capture") or {}
     chosen = [s for s in samples if pick(s) and layout.captured(
         args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
-    results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k)
+    results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k,
+                           trust_remote_code=args.trust_remote_code)
                for d in args.draft}
-    print(json.dumps(results, indent=1) if args.json else format_table(results, args.k))
+    print(strict_json(results, indent=1) if args.json else format_table(results, args.k))
     return EXIT_OK
 
 
@@ -296,19 +308,20 @@ def _register_bill(sub) -> None:
 def run_bill(args) -> int:
     from . import bill as b
 
+    check_args("bill", args)  # every number in range: a zero is refused, never a default
     measured = b.load_measured(args.measured, args.measured_train)
-    if (args.prompts is None) == (args.gain_fraction is None):
-        raise UsageError("give exactly one of --prompts, --gain-fraction", field="--prompts")
     prompts = args.prompts if args.prompts is not None else math_ceil(
-        b.samples_for_gain(args.gain_fraction, args.n_half or b.N_HALF_SAMPLES))
+        b.samples_for_gain(args.gain_fraction,
+                           args.n_half if args.n_half is not None else b.N_HALF_SAMPLES))
     traffic = b.Traffic(
         prompts,
-        args.prompt_tokens or measured.get("prompt_tokens") or b.Traffic.prompt_tokens,
-        args.response_tokens or measured.get("response_tokens") or b.Traffic.response_tokens)
-    sources = {"lengths": "measured (pilot)" if "prompt_tokens" in measured and not
-               args.prompt_tokens else "given / assumed"}
-    decode = args.decode_tok_s or measured.get("decode_tokens_per_s")
-    prefill = args.prefill_tok_s or measured.get("prefill_tokens_per_s")
+        _first_set(args.prompt_tokens, measured.get("prompt_tokens"), b.Traffic.prompt_tokens),
+        _first_set(args.response_tokens, measured.get("response_tokens"),
+                   b.Traffic.response_tokens))
+    sources = {"lengths": "measured (pilot)" if "prompt_tokens" in measured and
+               args.prompt_tokens is None else "given / assumed"}
+    decode = _first_set(args.decode_tok_s, measured.get("decode_tokens_per_s"))
+    prefill = _first_set(args.prefill_tok_s, measured.get("prefill_tokens_per_s"))
     box_kw = {}  # compute_bill's own box unless the hardware profile is read
     if decode is None or prefill is None:
         box = b.box_rates(args.hardware, args.decode_batch, args.context)
@@ -333,13 +346,15 @@ def run_bill(args) -> int:
                                     args.tau_alt if args.tau_alt is not None else args.tau_now,
                                     result.box_hours, args.alt_step_cost)
     if args.json:  # strict JSON: a payback that never comes is null, not Infinity
-        from vllm_kimi_ext.costmodel.cli import strict
-
-        print(json.dumps(strict({"bill": result.to_dict(), "compare": cmp}), indent=1,
-                         allow_nan=False))
+        print(strict_json({"bill": result.to_dict(), "compare": cmp}, indent=1))
     else:
         print(b.format_bill(result, cmp))
     return EXIT_OK
+
+
+def _first_set(*values):
+    """The first value that is not None (a given 0 is kept, and refused by the checks)."""
+    return next((v for v in values if v is not None), None)
 
 
 def math_ceil(x: float) -> int:

@@ -132,6 +132,7 @@ def evaluate(
     k: int = Evaluation.k,
     max_len: int = 4096,
     progress: bool | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, dict]:
     """Acceptance of ``draft`` (a directory, or a speculators model) per source and
     ``"all"`` over ``samples`` (default: every captured sample)."""
@@ -148,10 +149,18 @@ def evaluate(
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
     model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
-        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k)
+        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k,
+        options=bridge.DraftOptions(trust_remote_code=trust_remote_code))
     model = model.cpu().float().eval()
+    bad = trainer.first_non_finite(model)
+    if bad is not None:
+        raise DataError(f"--draft {draft}: tensor {bad} (or the target's head it loads) holds "
+                        "NaN or infinite values")
     d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None
     head = _target_head(Path(target_dir)).float()
+    if not bool(torch.isfinite(head).all()):
+        raise DataError(f"--target {target_dir}: lm_head (or embed_tokens) weights hold NaN or "
+                        "infinite values")
     lc = trainer.loss_config(torch.device("cpu"))
     dataset = trainer.make_dataset(data_dir, samples, max_len, torch.float32)
     collect: list = []

@@ -36,6 +36,9 @@ FORMAT = "vllm-kimi-ext-draft-data/1"
 SAMPLES = "samples.jsonl"
 MANIFEST = "manifest.json"
 HIDDEN_DIR = "hidden_states"
+#: One line per shard written (index, file, bytes, sha256), appended as each shard lands:
+#: the record of a run that was stopped before it wrote the manifest.
+SHARD_LOG = "shards.jsonl"
 
 
 class DataError(UserInputError):
@@ -86,9 +89,33 @@ class Sample:
         if missing:
             raise DataError(f"{where}: field(s) {', '.join(missing)} missing")
         rec = {k: v for k, v in rec.items() if k in names}
+        if isinstance(rec["index"], bool) or not isinstance(rec["index"], int) \
+                or rec["index"] < 0:
+            raise DataError(f"{where}: field 'index' is {rec['index']!r}, expected an "
+                            "integer >= 0")
+        for name in ("prompt_token_ids", "output_token_ids"):
+            problem = token_ids_problem(rec[name])
+            if problem:
+                raise DataError(f"{where}: field {name!r} {problem}")
         rec.setdefault("source", "")
         rec.setdefault("messages", [])
         return cls(**rec)
+
+
+def token_ids_problem(ids: Any, vocab_size: int | None = None) -> str | None:
+    """What is wrong with a list of token ids (``None``: nothing): a list of ints in
+    ``[0, vocab_size)`` (or below 2**22 when the vocabulary is not known)."""
+    from vllm_kimi_ext.user_input import MAX_VOCAB_SIZE
+
+    if not isinstance(ids, list):
+        return f"is a {type(ids).__name__}, expected a list of token ids"
+    limit = vocab_size or MAX_VOCAB_SIZE
+    for pos, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            return f"item {pos} is {t!r}, expected an integer token id"
+        if not 0 <= t < limit:
+            return f"item {pos} is {t}, expected a token id in [0, {limit})"
+    return None
 
 
 def hidden_path(data_dir: str | Path, index: int) -> Path:
@@ -190,6 +217,63 @@ def captured(data_dir: str | Path, sample: Sample, num_layers: int,
         return False
     expected = (sample.num_tokens, num_layers, hidden_size)
     return tuple(hs[1]) == expected and tuple(ids[1]) == (sample.num_tokens,)
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 23), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shard_record(data_dir: str | Path, index: int) -> dict:
+    """``{"index", "file", "bytes", "sha256"}`` of the shard on disk now."""
+    path = hidden_path(data_dir, index)
+    return {"index": index, "file": str(path.relative_to(data_dir)),
+            "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def append_shard_records(data_dir: str | Path, records: Iterable[dict]) -> None:
+    path = Path(data_dir) / HIDDEN_DIR / SHARD_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _drop_torn_tail(path)
+    with open(path, "a", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def shard_records(data_dir: str | Path) -> dict[int, dict]:
+    """The recorded size and checksum of every shard: the manifest's capture entries,
+    then the shard log (a later line wins: the shard was written again)."""
+    out: dict[int, dict] = {}
+    for entry in (read_manifest(data_dir).get("capture") or {}).get("samples") or []:
+        if isinstance(entry, dict) and "sha256" in entry and "bytes" in entry:
+            out[int(entry["index"])] = entry
+    log = Path(data_dir) / HIDDEN_DIR / SHARD_LOG
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                out[int(rec["index"])] = rec
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line: that shard counts as unrecorded
+    return out
+
+
+def shard_matches(data_dir: str | Path, index: int, record: dict | None) -> bool:
+    """Is shard ``index`` on disk the one recorded (same size, same sha256)?"""
+    path = hidden_path(data_dir, index)
+    if not record or not path.is_file():
+        return False
+    try:
+        if path.stat().st_size != record.get("bytes"):
+            return False
+        return file_sha256(path) == record.get("sha256")
+    except OSError:
+        return False
 
 
 def iter_training_records(data_dir: str | Path, samples: list[Sample] | None = None

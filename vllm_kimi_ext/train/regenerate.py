@@ -87,6 +87,20 @@ def load_conversations(paths: Sequence[str | Path], *, field: str | None = None,
     return out
 
 
+def check_resume(data_dir: str | Path, backend: str | None, model: str | None) -> None:
+    """An earlier run's data directory is resumed only by the same backend and model:
+    samples of two models in one directory would be trained on as one target's."""
+    previous = layout.read_manifest(data_dir).get("generation") or {}
+    for field, now in (("backend", backend), ("model", model)):
+        before = previous.get(field)
+        if before is not None and now is not None and before != now:
+            flag = "--model" if field == "model" and backend == "openai-server" else \
+                "--hf-model" if field == "model" else "--server/--hf-model"
+            raise DataError(f"{Path(data_dir) / layout.MANIFEST}: generated with {field} "
+                            f"{before!r}, this run uses {now!r} ({flag}); resume with the "
+                            "same one or write to a new --out")
+
+
 def _history(turns: Sequence[str], answers: Sequence[Answer]) -> list[dict]:
     """Messages for the next turn: user turns interleaved with the target's answers."""
     messages: list[dict] = []
@@ -118,6 +132,8 @@ def regenerate(
     from tqdm import tqdm
 
     data_dir = Path(data_dir)
+    check_resume(data_dir, generator.description.get("backend"),
+                 generator.description.get("model"))
     data_dir.mkdir(parents=True, exist_ok=True)
     existing = {s.prompt_hash: s for s in (layout.read_samples(data_dir)
                                            if (data_dir / layout.SAMPLES).is_file() else [])}
@@ -182,7 +198,8 @@ class ServerGenerator:
     def __init__(self, base_url: str, sampling: Sampling, *, model: str | None = None,
                  chat_template_kwargs: dict | None = None, api_key: str = "EMPTY",
                  timeout: float = 3600.0, concurrency: int = Regeneration.concurrency,
-                 post: Callable[[str, dict], dict] | None = None):
+                 post: Callable[[str, dict], dict] | None = None,
+                 vocab_size: int | None = None):
         self.base_url = base_url.rstrip("/")
         self.sampling = sampling
         self.chat_template_kwargs = chat_template_kwargs or {}
@@ -190,6 +207,7 @@ class ServerGenerator:
         self.timeout = timeout
         self.concurrency = concurrency
         self._post = post or self._http_post
+        self.vocab_size = vocab_size
         self.model = model or self._served_model()
         self.description = {"backend": "openai-server", "base_url": self.base_url,
                             "model": self.model, **dataclasses.asdict(sampling)}
@@ -208,12 +226,20 @@ class ServerGenerator:
             raise DataError(f"server {url}: {exc}") from None
         if r.status_code != 200:
             raise DataError(f"server {url}: HTTP {r.status_code}: {r.text[:200]}")
-        return r.json()
+        try:
+            return r.json()
+        except ValueError:
+            raise DataError(f"server {url}: the answer is not JSON: {r.text[:200]!r}") from None
 
     def _served_model(self) -> str:
-        data = self._post("/models", None).get("data") or []
-        if not data:
+        answer = self._post("/models", None)
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
             raise DataError(f"server {self.base_url}/models: no model served")
+        served = [m.get("id") for m in data if isinstance(m, dict)]
+        if len(served) > 1:
+            raise DataError(f"server {self.base_url}/models: serves {', '.join(map(str, served))};"
+                            " pick one with --model")
         return data[0]["id"]
 
     def _one(self, messages: list[dict]) -> Answer:
@@ -226,12 +252,19 @@ class ServerGenerator:
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         out = self._post("/chat/completions", body)
-        choice = (out.get("choices") or [{}])[0]
+        choices = out.get("choices") if isinstance(out, dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices and \
+            isinstance(choices[0], dict) else {}
         prompt_ids, output_ids = out.get("prompt_token_ids"), choice.get("token_ids")
         if prompt_ids is None or output_ids is None:
             raise DataError(
                 f"server {self.base_url}: the response has no prompt_token_ids/token_ids; "
                 "serve the target with vLLM >= 0.10.2 (request field return_token_ids)")
+        for name, ids in (("prompt_token_ids", prompt_ids), ("token_ids", output_ids)):
+            problem = layout.token_ids_problem(ids, self.vocab_size)
+            if problem or (name == "prompt_token_ids" and not ids):
+                raise DataError(f"server {self.base_url}/chat/completions: {name} "
+                                f"{problem or 'is empty'}; nothing stored")
         msg = choice.get("message") or {}
         return Answer(list(prompt_ids), list(output_ids), msg.get("content") or "",
                       msg.get("reasoning") or msg.get("reasoning_content"),

@@ -103,7 +103,9 @@ class Regeneration:
 class Capture:
     """How ``draft capture`` runs the target."""
 
-    tensor_parallel_size: int = setting(8, "vLLM tensor-parallel size of --vllm-target")
+    tensor_parallel_size: int | None = setting(
+        None, "vLLM tensor-parallel size of --vllm-target (default: every visible GPU, down "
+        "to a count dividing the target's attention heads; 8 on the documented box)")
     dtype: str = setting("bfloat16", "dtype the hidden states are stored in",
                          choices=("bfloat16", "float16", "float32"))
     batch_size: int = setting(64, "samples per forward pass")

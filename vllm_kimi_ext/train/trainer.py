@@ -86,6 +86,7 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
             t = load_file(str(path))
             if t["token_ids"].tolist() != s.input_ids:
                 raise DataError(f"{path}: token_ids differ from sample {s.index}")
+            check_finite_shard(path, t["hidden_states"])
             a = self._start(s)
             hs = t["hidden_states"][a:]
             return {"hidden_states": hs[:, :-1].flatten(1),
@@ -94,6 +95,53 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
                     "loss_mask": torch.tensor(s.loss_mask[a:], dtype=torch.bool)}
 
     return ShardDataset(max_len, hidden_states_dtype=dtype)
+
+
+def check_finite_shard(path: Path, hidden) -> None:
+    """Refuse a shard whose hidden states (the draft's inputs, or the last layer the
+    loss's targets come from) hold NaN or infinities."""
+    import torch
+
+    finite = torch.isfinite(hidden)
+    if not bool(finite.all()):
+        bad = (~finite).reshape(-1, hidden.shape[-1]).any(-1).reshape(hidden.shape[:-1])
+        token, layer = (int(i) for i in torch.nonzero(bad)[0])
+        what = "the last layer (the loss's targets)" if layer == hidden.shape[1] - 1 \
+            else f"aux layer {layer}"
+        raise DataError(f"{path}: hidden_states hold NaN or infinite values (token {token}, "
+                        f"{what}); delete the shard and run `draft capture` again")
+
+
+def first_non_finite(model) -> str | None:
+    """The name of the first parameter or buffer of ``model`` holding NaN/inf, or None."""
+    import torch
+
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def check_train_data(data_dir: str | Path, target_cfg: dict, *, flag: str = "--data") -> dict:
+    """The data directory holds a capture of this target (same hidden size and depth)
+    with at least one complete shard; returns the capture section."""
+    cap = capture_settings(data_dir)
+    manifest = Path(data_dir) / layout.MANIFEST
+    for key, want in (("hidden_size", target_cfg["hidden_size"]),
+                      ("num_hidden_layers", target_cfg["num_hidden_layers"])):
+        got = cap.get(key)
+        if got is not None and got != want:
+            raise DataError(f"{flag} {data_dir}: captured with {key} {got} ({manifest}), the "
+                            f"target has {want}: another target's hidden states")
+    ids = cap.get("layer_ids")
+    if not isinstance(ids, list) or len(ids) < 2 or not isinstance(cap.get("hidden_size"), int):
+        raise DataError(f"{manifest}: capture section without layer_ids / hidden_size; run "
+                        "`draft capture` again")
+    samples = layout.read_samples(data_dir)
+    if not any(layout.captured(data_dir, s, len(ids), cap["hidden_size"]) for s in samples):
+        raise DataError(f"{flag} {data_dir}: no complete hidden-state shard (run `vllm-kimi-ext "
+                        "draft capture` first)")
+    return cap
 
 
 def make_loader(dataset, *, max_len: int, hidden_size: int, num_aux: int, dtype, seed: int):
@@ -188,6 +236,7 @@ def train(
     options: bridge.DraftOptions | None = None,
     progress: bool | None = None,
     log=print,
+    force: bool = False,
 ) -> TrainResult:
     """Train (or fine-tune ``init``) a draft on ``data_dir``; export it to ``out_dir``.
 
@@ -212,6 +261,10 @@ def train(
                            from_dir=draft_vocab_from)
     model = bridge.build_draft(target_dir, cap["aux_layer_ids"], init=init, t2d=t2d, d2t=d2t,
                                options=options, ttt_steps=config.ttt_steps).to(device)
+    bad = first_non_finite(model)
+    if bad is not None:
+        raise DataError(f"{'--init ' + str(init) if init else '--target ' + str(target_dir)}: "
+                        f"tensor {bad} holds NaN or infinite values; nothing trained")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     dataset = make_dataset(data_dir, samples, config.max_len, dtype, config.prompt_context)
     loader = make_loader(dataset, max_len=config.max_len, hidden_size=cap["hidden_size"],
@@ -239,12 +292,16 @@ def train(
             inputs = model_inputs(batch, device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 _, loss, _ = model(**inputs, ttt_steps=config.ttt_steps, loss_config=lc)
+            losses.append(float(loss.detach()))
+            if not math.isfinite(losses[-1]):
+                raise DataError(f"step {step + 1} of {total}: the loss is {losses[-1]}; "
+                                "training stopped and nothing was exported (lower --lr, or "
+                                "check the data)")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            losses.append(float(loss.detach()))
             tokens += int((batch["document_ids"] != -1).sum())
             step += 1
             bar.update(1)
@@ -255,19 +312,46 @@ def train(
         epoch += 1
     bar.close()
     seconds = time.perf_counter() - t0
-    out = bridge.export_flat(model.cpu(), target_dir, out_dir)
+    bad = first_non_finite(model)
+    if bad is not None:
+        raise DataError(f"after step {step}: tensor {bad} holds NaN or infinite values; "
+                        "nothing was exported (lower --lr, or check the data)")
     record = {"data": str(data_dir), "target": str(target_dir), "init": str(init or "fresh"),
               "config": dataclasses.asdict(config), "options": dataclasses.asdict(options),
               "samples": len(samples), "steps": step, "tokens": tokens,
               "seconds": round(seconds, 3), "device": str(device),
               "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
               "losses": [round(x, 5) for x in losses], "library": _library_version()}
-    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    out = export_atomically(model.cpu(), target_dir, out_dir, record, force=force)
     from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     report = diagnose(target_dir, out, method="eagle3")
     log(report.format_text())
     return TrainResult(out, step, losses, tokens, seconds, str(device), report.to_dict())
+
+
+def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record: dict, *,
+                      force: bool = False) -> Path:
+    """Export ``model`` and its ``training.json`` into a temporary folder beside
+    ``out_dir`` and rename it into place: an interrupted or failed export (a full disk, a
+    kill) leaves ``out_dir`` as it was. An existing non-empty ``out_dir`` needs ``force``."""
+    from vllm_kimi_ext.drafts.shrink_vocab.output_dir import clean_stale, write_directory_atomically
+
+    out = Path(out_dir)
+
+    def write(tmp: Path) -> None:
+        bridge.export_flat(model, target_dir, tmp)
+        (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    def exists(path: Path) -> Exception:
+        return DataError(f"--out {path}: exists and is not empty; pass --force to replace it")
+
+    empty = out.is_dir() and not any(out.iterdir())
+    if out.parent.is_dir():
+        clean_stale(out.parent)  # what a killed earlier export left
+    write_directory_atomically(out, write, force=force or empty, exists_error=exists,
+                               tool="draft-train")
+    return out
 
 
 def _library_version() -> str:

@@ -223,6 +223,9 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
                   temp_ptr, topk_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
                   gval_ptr, gidx_ptr, lse_ptr, sx_ptr, unc_ptr, margin_ptr,
                   TP: tl.constexpr, PTP: tl.constexpr, W: tl.constexpr, PN: tl.constexpr):
+    """Long because: one program per row fuses the statistics merge, the candidate sort, the
+    exact-prefix certificate, the min-p / top-k / top-p cut and the kept set's decisions into
+    one launch of the captured step (the steps of ``merge_round1_torch``, in its order)."""
     row = tl.program_id(0).to(tl.int64)
     ranks = tl.arange(0, PTP)
     okr = ranks < TP
@@ -435,7 +438,10 @@ def decide_merged(merged, deferred, inp, plan, vocab_size):
 @triton.jit
 def _exact_cut_kernel(full_ptr, full_stride, n_cols, temp_ptr, minp_ptr, topp_ptr, real_ptr,
                       thr_ptr, tie_ptr, margin_ptr, BLOCK: tl.constexpr):
-    """The exact min-p / top-p cut of one whole row (top-k rows are never escalated):
+    """Long because: the bisection keeps its state in the program (one launch, any number of
+    passes); used by the escalation of probabilistic drafts.
+
+    The exact min-p / top-p cut of one whole row (top-k rows are never escalated):
     the value of the last kept token by bisection on the order-preserving int32 image of
     the float32 value (mass strictly above a key, float64), then the tied tokens kept in
     id order. Unused slots return at once."""
@@ -549,7 +555,11 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
                      temp_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
                      gval_ptr, gidx_ptr, lse_ptr, sx_ptr, margin_ptr, defer_ptr,
                      w_ptr, k_ptr, BLOCK: tl.constexpr, K16: tl.constexpr):
-    """One escalated row (one-hot drafts): its exact min-p / top-p cut from the whole row
+    """Long because: one launch per escalated row; the cut and the row's statistics under it
+    share the program's scratch and scalars (split, they would need more launches in every
+    captured step, also when no row escalates).
+
+    One escalated row (one-hot drafts): its exact min-p / top-p cut from the whole row
     (top-k rows are always certified, never escalated), then the row's statistics under
     that cut, written over the round-1 merge; unused slots return at once.
 

@@ -63,7 +63,7 @@ from .cuts import LSE_COLUMNS, join_float64, local_top, split_float64
 from .hashing import DOMAIN_GUMBEL, element_hash, gumbel_from_bits, row_keys
 from .kernels import merge_argmax, shard_local_stats, triton_available
 from .reference import exclusive_cumsum, min_p_threshold, nucleus_margin, residual_log_weights
-from .sharded import AllGather, MAX_EXACT_FLOAT_ID
+from .sharded import MAX_EXACT_FLOAT_ID, AllGather
 
 NEG_INF = float("-inf")
 
@@ -295,12 +295,6 @@ class StepOutput:
 # ---------------------------------------------------------------------------
 # round 1: the shard pass (torch; Triton in _graph_kernels)
 # ---------------------------------------------------------------------------
-def _owned(draft: torch.Tensor, col_offset: int, n_valid: int) -> torch.Tensor:
-    local = draft - col_offset
-    ok = (draft >= 0) & (local >= 0) & (local < n_valid)
-    return torch.where(ok, local, torch.full_like(local, -1))
-
-
 def _logq_at(q_full: torch.Tensor | None, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """log q at ids ``[rows, n]`` (0 where ``q_full`` is None: one-hot drafts)."""
     if q_full is None:
@@ -381,7 +375,11 @@ def _argmax_lowest_id(score: torch.Tensor, ids: torch.Tensor):
 
 def merge_round1_torch(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_size: int,
                        rank_valid: torch.Tensor, q_full: torch.Tensor | None) -> Merged:
-    """Merge ``g [TP, rows, width]`` (every rank computes the same result)."""
+    """Merge ``g [TP, rows, width]`` (every rank computes the same result).
+
+    Long because: it is the readable reference of ``_graph_kernels._merge_kernel`` and keeps
+    the kernel's steps in the kernel's order (statistics, candidate sort, exact prefix, cut,
+    certificate, kept-set decisions), so the two can be compared line by line."""
     TP, R, _ = g.shape
     dev = g.device
     best, tok = merge_argmax(g[..., 0], g[..., 1])
@@ -572,7 +570,7 @@ def decide_merged_torch(merged: Merged, deferred: torch.Tensor, inp: StepInputs,
     decision_row, accept_margin, stopped)``."""
     from .hashing import accept_uniform
 
-    R, Q, Lmax = plan.num_rows, plan.num_reqs, plan.max_rows_per_req
+    R, Lmax = plan.num_rows, plan.max_rows_per_req
     dev = merged.gval.device
     x = inp.draft
     greedy = inp.temperature == 0

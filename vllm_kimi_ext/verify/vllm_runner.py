@@ -321,6 +321,27 @@ def draft_probs_shard(values, expanded_idx_mapping, expanded_local_pos, temperat
     return out
 
 
+def _count_on_device(out) -> None:
+    """Rows that needed the escalation round and requests stopped at a deferred row,
+    accumulated on the device (no host read per step; :func:`device_counts` reads them)."""
+    acc = _state.get("device")
+    if acc is None or acc.device != out.uncertified.device:
+        import torch
+
+        acc = _state["device"] = torch.zeros(2, dtype=torch.int64, device=out.uncertified.device)
+    acc[0] += out.uncertified.sum()
+    acc[1] += out.stopped.sum()
+
+
+def device_counts() -> dict[str, int]:
+    """``{"escalated_rows": n, "deferred_requests": n}`` since start (one host read)."""
+    acc = _state.get("device")
+    if acc is None:
+        return {"escalated_rows": 0, "deferred_requests": 0}
+    a, b = acc.tolist()
+    return {"escalated_rows": a, "deferred_requests": b}
+
+
 def step_plan_from_params(params: list[Any], *, tp_size: int, shard_width: int,
                           num_rows: int, max_rows_per_req: int, vocab_size: int,
                           probabilistic: bool, logits_bytes: int):
@@ -417,6 +438,7 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
                                  states.temperature.gpu[input_batch.expanded_idx_mapping].float(),
                                  V)
         out = verifier(local, inp, plan, q)
+        _count_on_device(out)
         verifier.last_plan = plan
     sampled = out.sampled
     if sampled.shape[1] < width:
@@ -483,6 +505,6 @@ def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any
 
     _state["steps"] += 1
     if _state["steps"] % 1000 == 0:
-        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s",
-                    _state["steps"], FALLBACKS.as_dict())
+        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s",
+                    _state["steps"], FALLBACKS.as_dict(), device_counts())
     return sharded_sample(runner, hidden_states, input_batch, make_verifier)

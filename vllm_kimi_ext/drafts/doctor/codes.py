@@ -62,6 +62,10 @@ FINDING_CODES: tuple[CodeInfo, ...] = (
     CodeInfo("E-WEIGHTS-SIZE", ERROR,
              "A safetensors file's size differs from what its header's data offsets require "
              "(a truncated download): vLLM would fail while loading."),
+    CodeInfo("E-WEIGHTS-NONFINITE", ERROR,
+             "A floating-point tensor of the draft holds NaN or infinite values (e.g. a "
+             "training run that diverged): every proposal would be rejected or the "
+             "logits poisoned. The message names the tensors."),
     # ---- what the draft is
     CodeInfo("E-METHOD-UNKNOWN", ERROR,
              "No `--method` given and none can be told from the draft's architecture or "

@@ -263,6 +263,29 @@ def _weight_findings(problems: Sequence[WeightProblem]) -> list[Finding]:
         else ""), file=p.file) for p in problems]
 
 
+def _non_finite_findings(tensors: TensorIndex) -> list[Finding]:
+    """One finding naming the draft's float tensors that hold NaN or infinities."""
+    bad = []
+    for name in sorted(tensors.names()):
+        try:
+            at = tensors.first_non_finite(name)
+        except (OSError, ValueError):  # a short file: already E-WEIGHTS-SIZE
+            continue
+        if at is not None:
+            bad.append((name, at))
+    if not bad:
+        return []
+    name, at = bad[0]
+    more = ""
+    if len(bad) > 1:
+        more = f"; {len(bad)} tensors in all: {', '.join(n for n, _ in bad[:6])}" + (
+            ", ..." if len(bad) > 6 else "")
+    return [finding("E-WEIGHTS-NONFINITE",
+                    f"{tensors.file(name)}: tensor {name} holds NaN or infinite values (first "
+                    f"at element {at}){more}; re-export or retrain the draft",
+                    file=tensors.file(name), field=name)]
+
+
 def diagnose_configs(
     target_cfg: dict,
     draft_cfg: dict,
@@ -374,7 +397,9 @@ def diagnose(
     method = method or infer_method(validated_config(d_cfg)[0], draft_dir.name)
     files = (str(target_dir / "config.json") if target.is_dir() else str(target),
              str(draft_dir / "config.json") if draft.is_dir() else str(draft))
-    findings = _weight_findings(problems) + diagnose_configs(
+    complete = not any(p.kind in ("missing", "header", "size") for p in problems)
+    findings = _weight_findings(problems) + (
+        _non_finite_findings(tensors) if complete and not same_dir else []) + diagnose_configs(
         t_cfg, d_cfg, tensors, method=method, served_max_model_len=served_max_model_len,
         draft_name=draft_dir.name,
         vllm_keeps_eagle3_deepseek_heads=vllm_keeps_eagle3_deepseek_heads,

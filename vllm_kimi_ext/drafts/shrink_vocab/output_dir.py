@@ -1,9 +1,9 @@
 """Write an output directory so that it appears whole or not at all.
 
-:func:`write_directory_atomically` writes into ``.<name>.shrink-vocab-tmp-<pid>`` next
+:func:`write_directory_atomically` writes into ``.<name>.<tool>-tmp-<pid>`` next
 to the output (same filesystem, so the final ``rename`` is atomic) and renames it into
 place at the end; a replaced output is first moved aside to
-``.<name>.shrink-vocab-old-<pid>`` and put back if anything fails. An exception
+``.<name>.<tool>-old-<pid>`` and put back if anything fails. An exception
 (SIGTERM included, see :func:`terminate_as_interrupt`) removes the temporary
 directory; a SIGKILL cannot be caught, so :func:`clean_stale` removes the temporary
 directories of processes that no longer run (and restores an output whose
@@ -24,16 +24,27 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["TMP_TAG", "clean_stale", "temp_name", "terminate_as_interrupt",
+__all__ = ["TMP_TAG", "TOOLS", "clean_stale", "temp_name", "terminate_as_interrupt",
            "write_directory_atomically"]
 
+#: The tools writing through this module; each names its leftovers ``<tool>-tmp`` /
+#: ``<tool>-old`` so that a reader sees whose they are.
+TOOLS = ("shrink-vocab", "draft-train")
 TMP_TAG = "shrink-vocab-tmp"
 OLD_TAG = "shrink-vocab-old"
-_STALE_RE = re.compile(rf"^\.(?P<name>.+)\.(?P<tag>{TMP_TAG}|{OLD_TAG})-(?P<pid>\d+)$")
+_TOOLS_RE = "|".join(re.escape(t) for t in TOOLS)
+_STALE_RE = re.compile(
+    rf"^\.(?P<name>.+)\.(?P<tag>(?:{_TOOLS_RE})-(?:tmp|old))-(?P<pid>\d+)$")
 
 
 def temp_name(out_dir: Path, tag: str = TMP_TAG, pid: int | None = None) -> Path:
     return out_dir.parent / f".{out_dir.name}.{tag}-{os.getpid() if pid is None else pid}"
+
+
+def _tags(tool: str) -> tuple[str, str]:
+    if tool not in TOOLS:
+        raise ValueError(f"unknown tool {tool!r}; expected one of {', '.join(TOOLS)}")
+    return f"{tool}-tmp", f"{tool}-old"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -63,7 +74,7 @@ def clean_stale(parent: Path) -> list[str]:
         if m is None or not entry.is_dir() or _pid_alive(int(m["pid"])):
             continue
         final = parent / m["name"]
-        if m["tag"] == OLD_TAG and not final.exists():
+        if m["tag"].endswith("-old") and not final.exists():
             os.rename(entry, final)
             done.append(f"restored {final} from {entry.name}")
         else:
@@ -73,13 +84,15 @@ def clean_stale(parent: Path) -> list[str]:
 
 
 def write_directory_atomically(out_dir: Path, write: Callable[[Path], None], *,
-                               force: bool, exists_error: Callable[[Path], Exception]) -> None:
+                               force: bool, exists_error: Callable[[Path], Exception],
+                               tool: str = "shrink-vocab") -> None:
     """Run ``write(tmp)`` into a temporary sibling of ``out_dir``, then rename it into
     place; on any error nothing is left behind and a replaced ``out_dir`` is restored.
     ``exists_error`` builds the exception for an ``out_dir`` that appeared meanwhile
-    without ``force``."""
+    without ``force``; ``tool`` (one of :data:`TOOLS`) names the temporary folders."""
+    tmp_tag, old_tag = _tags(tool)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(out_dir)
+    tmp = temp_name(out_dir, tmp_tag)
     shutil.rmtree(tmp, ignore_errors=True)  # our own pid: a leftover of an earlier call
     tmp.mkdir(mode=0o755)
     old: Path | None = None
@@ -88,7 +101,7 @@ def write_directory_atomically(out_dir: Path, write: Callable[[Path], None], *,
         if out_dir.exists():
             if not force:
                 raise exists_error(out_dir)
-            old = temp_name(out_dir, OLD_TAG)
+            old = temp_name(out_dir, old_tag)
             shutil.rmtree(old, ignore_errors=True)
             os.rename(out_dir, old)
         os.rename(tmp, out_dir)
