@@ -1,6 +1,8 @@
 """``vllm-kimi-ext draft regenerate | capture | train | eval | bill``.
 
-:func:`register_draft_subcommands` adds them to the ``draft`` command group. Heavy
+:func:`register_draft_subcommands` adds them to the ``draft`` command group
+(``vllm_kimi_ext.cli`` calls it). Their tunable flags are generated from
+:mod:`vllm_kimi_ext.train.settings`, where each default is written once. Heavy
 imports (torch, transformers, speculators, vLLM) happen inside the handlers. Exit
 codes (:mod:`vllm_kimi_ext.user_input`'s contract, applied by
 :func:`vllm_kimi_ext.cli.run_handler`): 0 done, 1 findings (``train``: the doctor reports
