@@ -29,6 +29,7 @@ import functools
 import math
 from collections.abc import Callable
 
+from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel.acceptance import Acceptance, AcceptanceBand
 from vllm_kimi_ext.costmodel.catalog import DraftProfile, ProfileError, load_raw
 from vllm_kimi_ext.costmodel.latency import curve_from_points
@@ -252,7 +253,8 @@ def _setting_levers() -> list[tuple[Lever, Evaluate]]:
                "256 KB; 0 % where NCCL already picks LL, as on the calibration host"), _nccl_ll),
         (Lever("b12x", "One-shot PCIe all-reduce (b12x package)", "package",
                f"{bx['install']}",
-               f"[1, 7168] bf16 all-reduce on 16 GPUs {b12['b12x']:g} us against NCCL "
+               f"[1, {facts.target_dims().hidden_size}] bf16 all-reduce on 16 GPUs "
+               f"{b12['b12x']:g} us against NCCL "
                f"{b12['nccl']:g} us ({cite(b12['source'])}); costed with the one-stage "
                "kernel measured on the calibration host (latency table, custom_oneshot)",
                "the latency table's measured one-stage kernel, NCCL above its crossover; "
@@ -302,7 +304,8 @@ def _bound_and_project_levers() -> list[tuple[Lever, Evaluate]]:
                "rate)"), _better_draft(1.0)),
         (Lever("sharded", "Vocabulary-sharded verifier (experimental)", "this project",
                "VLLM_KIMI_EXT=1 VLLM_KIMI_EXT_SHARDED_VERIFY=1",
-               "the gather it removes: (k+1) x 163840 bf16 logits per sequence per step",
+               f"the gather it removes: (k+1) x {facts.target_dims().vocab_size} bf16 logits "
+               "per sequence per step",
                "its verify step priced from the measured H200 report (docs/cost-model.md, "
                "verify block); not priced where not measured",
                built=True), _set(verifier="sharded")),
