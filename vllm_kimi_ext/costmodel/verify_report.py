@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel import verify_cost as vc
 from vllm_kimi_ext.costmodel.acceptance import from_draft_profile
 from vllm_kimi_ext.costmodel.catalog import load_draft
@@ -167,7 +168,8 @@ def verify_markdown(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) ->
     src = f"`{vc.REPORT_NAME}`"
     head = [
         "Three verifiers of one speculative step (`vllm_kimi_ext/costmodel/verify_cost.py`): "
-        "stock vLLM 0.34.0 (all-gather of the `[B(k+1), 163840]` bf16 logits, then top-p and "
+        f"stock vLLM 0.34.0 (all-gather of the `[B(k+1), {facts.target_dims().vocab_size}]` bf16 "
+        "logits, then top-p and "
         "`rejection_sample` on every rank), this project's vocabulary-sharded verifier "
         "(`VLLM_KIMI_EXT_SHARDED_VERIFY=1`) and vLLM 0.34.0's `--enable-batch-sharded-sampling` "
         "([comparison](sharded-verification.md#batch-sharded-sampling-vllm-0340-and-sharded-"
