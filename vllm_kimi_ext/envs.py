@@ -24,13 +24,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 _BOOL_EXPECTED = "one of " + "/".join(TRUE_WORDS) + " (on) or " + "/".join(FALSE_WORDS[:-1]) \
     + " (off)"
 
 
-class EnvError(ValueError):
+class EnvError(UserInputError):
     """An environment variable of this package holds a value it cannot mean."""
 
 

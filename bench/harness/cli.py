@@ -7,8 +7,9 @@
   argument or file, the field and what was expected, never a traceback (``--debug`` adds it).
 
 Everything a user can pass is checked before anything is started or written: an entry
-point raises :class:`UsageError` (or a subclass, such as the e2e config's ``ConfigError``)
-and :func:`run_cli` turns it into that line.
+point raises :class:`UsageError` (or a subclass, such as the e2e config's ``ConfigError``;
+both derive from the package's ``vllm_kimi_ext.user_input.UserInputError``, the one
+user-input error type of every command) and :func:`run_cli` turns it into that line.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_USAGE = 2
+from vllm_kimi_ext.user_input import (  # noqa: F401 - re-exported for the entry points
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UserInputError,
+    one_line,
+)
+
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 
 DEBUG_HELP = "on an error, print the Python traceback too"
@@ -38,13 +44,9 @@ class ArgumentParser(argparse.ArgumentParser):
                               "--help)\n")
 
 
-class UsageError(ValueError):
+class UsageError(UserInputError):
     """Something a user passed (an argument, a config file) is wrong; the message names
     the argument or file, the field and what was expected."""
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 def exit_codes_help(findings: str) -> str:
@@ -76,7 +78,7 @@ def run_cli(prog: str, parse: Callable[[list[str]], argparse.Namespace],
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except UsageError as exc:
+    except UserInputError as exc:  # UsageError, or a product reader's refusal
         error, message = exc, one_line(exc)
     except OSError as exc:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""

@@ -24,16 +24,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 KINDS = ("models", "hardware", "latency", "drafts")
 _SINGULAR = {"models": "model", "hardware": "hardware", "latency": "latency table",
              "drafts": "draft"}
 
 
-class ProfileError(ValueError):
+class ProfileError(UserInputError):
     """A profile that cannot be used; the message names the file and the field."""
 
 
-class UnknownProfileError(KeyError, ValueError):
+class UnknownProfileError(KeyError, UserInputError):
     """Raised for a profile name that is not shipped; the message lists the valid ones."""
 
     def __init__(self, kind: str, name: str, valid: list[str]):

@@ -20,17 +20,13 @@ import argparse
 import json
 import math
 import sys
-import traceback
 from pathlib import Path
+
+from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError, one_line
 
 DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 DEFAULT_MODEL = "kimi-k2.5"
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-class UsageError(ValueError):
-    """A bad argument: exit 2 with its one-line message."""
 
 
 def _finite(name: str, lo: float | None = None, hi: float | None = None,
@@ -125,19 +121,13 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path,
                    help="write a plot of tokens/s against k (.png, .svg or .pdf)")
     p.add_argument("--json", type=Path, help="write the recommendation and all rows as JSON")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     p.set_defaults(func=run_plan)
 
     def one_line_error(message: str):  # argparse's usage dump would bury the reason
-        print(f"vllm-kimi-ext plan: error: {message}", file=sys.stderr)
+        print(f"{p.prog}: error: {one_line(message)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
     p.error = one_line_error
-
-
-def _err(msg: str) -> int:
-    print(f"vllm-kimi-ext plan: error: {msg}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def check_output_path(flag: str, path: Path | None, suffixes: tuple[str, ...]) -> None:
@@ -252,18 +242,14 @@ def _check_args(args) -> None:
 
 
 def run_plan(args) -> int:
-    from vllm_kimi_ext.costmodel.catalog import ProfileError, UnknownProfileError
-
-    try:
-        return _run(args)
-    except (UsageError, ProfileError, UnknownProfileError) as exc:
-        return _err(str(exc))
-    except OSError as exc:
-        return _err(f"{getattr(exc, 'filename', '') or ''}: {exc.strerror or exc}".lstrip(": "))
-    except Exception as exc:  # never a traceback for what a user can pass
-        if getattr(args, "debug", False):
-            traceback.print_exc()
-        return _err(f"unexpected {exc.__class__.__name__}: {exc} (rerun with --debug)")
+    """The ``plan`` handler; errors follow :func:`vllm_kimi_ext.cli.run_handler`'s contract."""
+    if args.list:
+        print(list_profiles_text())
+        return EXIT_OK
+    _check_args(args)
+    if args.validate:
+        return _run_validate(args)
+    return _run(args)
 
 
 def _build(args):
@@ -298,12 +284,6 @@ def _build(args):
 
 
 def _run(args) -> int:
-    if args.list:
-        print(list_profiles_text())
-        return EXIT_OK
-    _check_args(args)
-    if args.validate:
-        return _run_validate(args)
     from vllm_kimi_ext.costmodel.recommend import recommend
 
     cm, drafts = _build(args)

@@ -2,18 +2,20 @@
 
 :func:`register_draft_subcommands` adds them to the ``draft`` command group. Heavy
 imports (torch, transformers, speculators, vLLM) happen inside the handlers. Exit
-codes: 0 done, 1 findings (``train``: the doctor reports errors on the written
-draft), 2 refused input (one line on stderr, nothing half-written).
+codes (:mod:`vllm_kimi_ext.user_input`'s contract, applied by
+:func:`vllm_kimi_ext.cli.run_handler`): 0 done, 1 findings (``train``: the doctor reports
+errors on the written draft), 2 refused input (a :class:`~vllm_kimi_ext.user_input.UserInputError`
+such as :class:`~vllm_kimi_ext.train.layout.DataError`: one line on stderr, nothing
+half-written).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError
 
 
 def register_draft_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -22,11 +24,6 @@ def register_draft_subcommands(sub: argparse._SubParsersAction) -> None:
     _register_train(sub)
     _register_eval(sub)
     _register_bill(sub)
-
-
-def _fail(cmd: str, exc: Exception) -> int:
-    print(f"draft {cmd}: error: {exc}", file=sys.stderr)
-    return EXIT_BAD_INPUT
 
 
 def _json_arg(text: str) -> dict:
@@ -98,7 +95,6 @@ def _register_regenerate(sub) -> None:
 
 
 def run_regenerate(args) -> int:
-    from .layout import DataError
     from .regenerate import (
         Sampling,
         ServerGenerator,
@@ -108,23 +104,21 @@ def run_regenerate(args) -> int:
     )
 
     if bool(args.server) == bool(args.hf_model):
-        return _fail("regenerate", ValueError("give exactly one of --server, --hf-model"))
+        raise UsageError("give exactly one of --server, --hf-model", field="--server",
+                         expected="exactly one of --server, --hf-model")
     sampling = Sampling(args.max_tokens, args.temperature, args.top_p, args.seed)
-    try:
-        convs = load_conversations(args.prompts, field=args.field,
-                                   first_turn_only=args.first_turn_only, limit=args.limit)
-        if args.server:
-            gen = ServerGenerator(args.server, sampling, model=args.model,
-                                  chat_template_kwargs=args.chat_template_kwargs,
-                                  api_key=args.api_key, concurrency=args.concurrency)
-        else:
-            model, tok = load_hf(args.hf_model, args.gguf_file)
-            gen = TransformersGenerator(model, tok, sampling, name=args.hf_model,
-                                        chat_template_kwargs=args.chat_template_kwargs)
-        section = regenerate(args.out, convs, gen, chat_template_kwargs=args.chat_template_kwargs,
-                             batch_size=args.batch_size)
-    except (DataError, OSError) as exc:
-        return _fail("regenerate", exc)
+    convs = load_conversations(args.prompts, field=args.field,
+                               first_turn_only=args.first_turn_only, limit=args.limit)
+    if args.server:
+        gen = ServerGenerator(args.server, sampling, model=args.model,
+                              chat_template_kwargs=args.chat_template_kwargs,
+                              api_key=args.api_key, concurrency=args.concurrency)
+    else:
+        model, tok = load_hf(args.hf_model, args.gguf_file)
+        gen = TransformersGenerator(model, tok, sampling, name=args.hf_model,
+                                    chat_template_kwargs=args.chat_template_kwargs)
+    section = regenerate(args.out, convs, gen, chat_template_kwargs=args.chat_template_kwargs,
+                         batch_size=args.batch_size)
     print(json.dumps(section["measured"]))
     return EXIT_OK
 
@@ -157,38 +151,35 @@ def _register_capture(sub) -> None:
 
 def run_capture(args) -> int:
     from .capture import TransformersCapture, VllmCapture, capture, vllm_engine_kwargs
-    from .layout import DataError
 
     if bool(args.vllm_target) == bool(args.hf_model):
-        return _fail("capture", ValueError("give exactly one of --vllm-target, --hf-model"))
-    try:
-        if args.hf_model:
-            model, _ = load_hf(args.hf_model, args.gguf_file)
-            backend = TransformersCapture(model, name=args.hf_model)
-        else:
-            from vllm import LLM
+        raise UsageError("give exactly one of --vllm-target, --hf-model", field="--vllm-target",
+                         expected="exactly one of --vllm-target, --hf-model")
+    if args.hf_model:
+        model, _ = load_hf(args.hf_model, args.gguf_file)
+        backend = TransformersCapture(model, name=args.hf_model)
+    else:
+        from vllm import LLM
 
-            from .bridge import target_text_config
-            from .capture import check_layer_ids, default_layer_ids
+        from .bridge import target_text_config
+        from .capture import check_layer_ids, default_layer_ids
 
-            n = int(target_text_config(args.vllm_target)["num_hidden_layers"])
-            ids = check_layer_ids(args.layer_ids or default_layer_ids(n), n)
-            args.layer_ids = ids
-            staging = Path(args.staging or Path(args.data) / ".staging")
-            llm = LLM(**vllm_engine_kwargs(args.vllm_target, ids, staging,
-                                           tensor_parallel_size=args.tensor_parallel_size,
-                                           max_model_len=args.max_model_len,
-                                           trust_remote_code=True))
-            backend = VllmCapture(llm, target=args.vllm_target, staging_dir=staging,
-                                  tensor_parallel_size=args.tensor_parallel_size)
-        section = capture(args.data, backend, layer_ids=args.layer_ids, dtype=args.dtype,
-                          batch_size=args.batch_size, check_free_space=not args.no_space_check)
-        if args.speculators_dataset:
-            from .trainer import write_speculators_dataset
+        n = int(target_text_config(args.vllm_target)["num_hidden_layers"])
+        ids = check_layer_ids(args.layer_ids or default_layer_ids(n), n)
+        args.layer_ids = ids
+        staging = Path(args.staging or Path(args.data) / ".staging")
+        llm = LLM(**vllm_engine_kwargs(args.vllm_target, ids, staging,
+                                       tensor_parallel_size=args.tensor_parallel_size,
+                                       max_model_len=args.max_model_len,
+                                       trust_remote_code=True))
+        backend = VllmCapture(llm, target=args.vllm_target, staging_dir=staging,
+                              tensor_parallel_size=args.tensor_parallel_size)
+    section = capture(args.data, backend, layer_ids=args.layer_ids, dtype=args.dtype,
+                      batch_size=args.batch_size, check_free_space=not args.no_space_check)
+    if args.speculators_dataset:
+        from .trainer import write_speculators_dataset
 
-            write_speculators_dataset(args.data)
-    except (DataError, OSError) as exc:
-        return _fail("capture", exc)
+        write_speculators_dataset(args.data)
     print(json.dumps({k: section[k] for k in ("layer_ids", "dtype", "disk_bytes", "measured")}))
     return EXIT_OK
 
@@ -231,21 +222,17 @@ def _register_train(sub) -> None:
 def run_train(args) -> int:
     from . import layout
     from .bridge import DraftOptions
-    from .layout import DataError
     from .trainer import TrainConfig, train
 
     cfg = TrainConfig(epochs=args.epochs, max_steps=args.max_steps, lr=args.lr,
                       max_len=args.max_len, prompt_context=args.prompt_context,
                       ttt_steps=args.ttt_steps, seed=args.seed,
                       device=args.device)
-    try:
-        held = holdout_hashes(layout.read_samples(args.data), args.holdout_every)
-        result = train(args.data, args.target, args.out, init=args.init,
-                       draft_vocab_size=args.draft_vocab_size,
-                       draft_vocab_from=args.draft_vocab_from, holdout=held, config=cfg,
-                       options=DraftOptions(layer_overrides=args.draft_layer))
-    except (DataError, OSError) as exc:
-        return _fail("train", exc)
+    held = holdout_hashes(layout.read_samples(args.data), args.holdout_every)
+    result = train(args.data, args.target, args.out, init=args.init,
+                   draft_vocab_size=args.draft_vocab_size,
+                   draft_vocab_from=args.draft_vocab_from, holdout=held, config=cfg,
+                   options=DraftOptions(layer_overrides=args.draft_layer))
     print(json.dumps({"out": str(result.out_dir), "steps": result.steps,
                       "first_loss": result.losses[0] if result.losses else None,
                       "last_loss": result.losses[-1] if result.losses else None,
@@ -271,22 +258,18 @@ def _register_eval(sub) -> None:
 def run_eval(args) -> int:
     from . import layout
     from .evaluate import evaluate, format_table
-    from .layout import DataError
 
-    try:
-        samples = layout.read_samples(args.data)
-        held = holdout_hashes(samples, args.holdout_every)
-        if args.split != "all" and not args.holdout_every:
-            raise DataError("--split heldout/train needs --holdout-every")
-        pick = {"all": lambda s: True, "heldout": lambda s: s.prompt_hash in held,
-                "train": lambda s: s.prompt_hash not in held}[args.split]
-        cap = layout.read_manifest(args.data).get("capture") or {}
-        chosen = [s for s in samples if pick(s) and layout.captured(
-            args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
-        results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k)
-                   for d in args.draft}
-    except (DataError, OSError) as exc:
-        return _fail("eval", exc)
+    samples = layout.read_samples(args.data)
+    held = holdout_hashes(samples, args.holdout_every)
+    if args.split != "all" and not args.holdout_every:
+        raise UsageError("--split heldout/train needs --holdout-every", field="--split")
+    pick = {"all": lambda s: True, "heldout": lambda s: s.prompt_hash in held,
+            "train": lambda s: s.prompt_hash not in held}[args.split]
+    cap = layout.read_manifest(args.data).get("capture") or {}
+    chosen = [s for s in samples if pick(s) and layout.captured(
+        args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
+    results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k)
+               for d in args.draft}
     print(json.dumps(results, indent=1) if args.json else format_table(results, args.k))
     return EXIT_OK
 
@@ -327,47 +310,43 @@ def _register_bill(sub) -> None:
 
 def run_bill(args) -> int:
     from . import bill as b
-    from .layout import DataError
 
-    try:
-        measured = b.load_measured(args.measured, args.measured_train)
-        if (args.prompts is None) == (args.gain_fraction is None):
-            raise DataError("give exactly one of --prompts, --gain-fraction")
-        prompts = args.prompts if args.prompts is not None else math_ceil(
-            b.samples_for_gain(args.gain_fraction, args.n_half or b.N_HALF_SAMPLES))
-        traffic = b.Traffic(
-            prompts,
-            args.prompt_tokens or measured.get("prompt_tokens") or b.Traffic.prompt_tokens,
-            args.response_tokens or measured.get("response_tokens") or b.Traffic.response_tokens)
-        sources = {"lengths": "measured (pilot)" if "prompt_tokens" in measured and not
-                   args.prompt_tokens else "given / assumed"}
-        decode = args.decode_tok_s or measured.get("decode_tokens_per_s")
-        prefill = args.prefill_tok_s or measured.get("prefill_tokens_per_s")
-        box_tflops, gpus = 500.0, 8
-        if decode is None or prefill is None:
-            box = b.box_rates(args.hardware, args.decode_batch, args.context)
-            box_tflops, gpus = box["gpu_tflops"], box["gpus"]
-            if decode is None:
-                decode = box["decode_tokens_per_s"]
-                sources["decode"] = f"{box['source']}, batch {args.decode_batch}, no speculation"
-            if prefill is None:
-                prefill = b.prefill_tokens_per_s(box["gpu_tflops"], box["compute_efficiency"],
-                                                 box["gpus"])
-                sources["prefill"] = (f"{box['source']}: {box['gpus']} x {box['gpu_tflops']:.0f} "
-                                      f"TFLOPS x {box['compute_efficiency']} / (2 x "
-                                      f"{b.KIMI_ACTIVE_PARAMS:.0e} active params)")
-        result = b.compute_bill(traffic, decode_tokens_per_s=decode, prefill_tokens_per_s=prefill,
-                                online=args.online, ttt_steps=args.ttt_steps, epochs=args.epochs,
-                                box_gpu_tflops=box_tflops, box_gpus=gpus,
-                                measured_train_tokens_per_s=measured.get("train_tokens_per_s"),
-                                sources=sources)
-        cmp = None
-        if args.tau_now is not None and args.tau_after is not None:
-            cmp = b.fine_tune_vs_switch(args.tau_now, args.tau_after,
-                                        args.tau_alt if args.tau_alt is not None else args.tau_now,
-                                        result.box_hours, args.alt_step_cost)
-    except (DataError, OSError) as exc:
-        return _fail("bill", exc)
+    measured = b.load_measured(args.measured, args.measured_train)
+    if (args.prompts is None) == (args.gain_fraction is None):
+        raise UsageError("give exactly one of --prompts, --gain-fraction", field="--prompts")
+    prompts = args.prompts if args.prompts is not None else math_ceil(
+        b.samples_for_gain(args.gain_fraction, args.n_half or b.N_HALF_SAMPLES))
+    traffic = b.Traffic(
+        prompts,
+        args.prompt_tokens or measured.get("prompt_tokens") or b.Traffic.prompt_tokens,
+        args.response_tokens or measured.get("response_tokens") or b.Traffic.response_tokens)
+    sources = {"lengths": "measured (pilot)" if "prompt_tokens" in measured and not
+               args.prompt_tokens else "given / assumed"}
+    decode = args.decode_tok_s or measured.get("decode_tokens_per_s")
+    prefill = args.prefill_tok_s or measured.get("prefill_tokens_per_s")
+    box_tflops, gpus = 500.0, 8
+    if decode is None or prefill is None:
+        box = b.box_rates(args.hardware, args.decode_batch, args.context)
+        box_tflops, gpus = box["gpu_tflops"], box["gpus"]
+        if decode is None:
+            decode = box["decode_tokens_per_s"]
+            sources["decode"] = f"{box['source']}, batch {args.decode_batch}, no speculation"
+        if prefill is None:
+            prefill = b.prefill_tokens_per_s(box["gpu_tflops"], box["compute_efficiency"],
+                                             box["gpus"])
+            sources["prefill"] = (f"{box['source']}: {box['gpus']} x {box['gpu_tflops']:.0f} "
+                                  f"TFLOPS x {box['compute_efficiency']} / (2 x "
+                                  f"{b.KIMI_ACTIVE_PARAMS:.0e} active params)")
+    result = b.compute_bill(traffic, decode_tokens_per_s=decode, prefill_tokens_per_s=prefill,
+                            online=args.online, ttt_steps=args.ttt_steps, epochs=args.epochs,
+                            box_gpu_tflops=box_tflops, box_gpus=gpus,
+                            measured_train_tokens_per_s=measured.get("train_tokens_per_s"),
+                            sources=sources)
+    cmp = None
+    if args.tau_now is not None and args.tau_after is not None:
+        cmp = b.fine_tune_vs_switch(args.tau_now, args.tau_after,
+                                    args.tau_alt if args.tau_alt is not None else args.tau_now,
+                                    result.box_hours, args.alt_step_cost)
     if args.json:
         print(json.dumps({"bill": result.to_dict(), "compare": cmp}, indent=1, default=str))
     else:

@@ -30,13 +30,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.user_input import UserInputError
+
 FORMAT = "vllm-kimi-ext-draft-data/1"
 SAMPLES = "samples.jsonl"
 MANIFEST = "manifest.json"
 HIDDEN_DIR = "hidden_states"
 
 
-class DataError(ValueError):
+class DataError(UserInputError):
     """Unreadable or inconsistent training data (one line, names the file)."""
 
 
