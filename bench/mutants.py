@@ -54,7 +54,8 @@ PACKAGES: dict[str, Package] = {
     "verify": Package(
         paths=("vllm_kimi_ext/verify",),
         exclude=("vllm_kimi_ext/verify/_triton_kernels.py",),  # GPU only: no CPU test runs it
-        tests=("tests/unit/test_verify_plan.py", "tests/unit/test_verify_hashing.py",
+        tests=("tests/unit/test_mutants_verify.py", "tests/unit/test_verify_plan.py",
+               "tests/unit/test_verify_hashing.py",
                "tests/unit/test_sharded_verify_runner_glue.py",
                "tests/unit/test_verify_equivalence.py", "tests/unit/test_verify_kernels.py",
                "tests/unit/test_verify_top_p.py", "tests/vllm/test_planted_gates.py"),
