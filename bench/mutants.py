@@ -63,7 +63,8 @@ PACKAGES: dict[str, Package] = {
     "drafts": Package(
         paths=("vllm_kimi_ext/drafts",),
         exclude=("vllm_kimi_ext/drafts/_tli_triton.py",),
-        tests=("tests/unit/test_planted_doctor.py", "tests/unit/test_drafts_doctor.py",
+        tests=("tests/unit/test_mutants_drafts.py", "tests/unit/test_planted_doctor.py",
+               "tests/unit/test_drafts_doctor.py",
                "tests/unit/test_tli_maps.py", "tests/unit/test_draft_placement_table.py",
                "tests/unit/test_cross_tokenizer.py", "tests/unit/test_shrink_vocab.py")),
     "train": Package(
