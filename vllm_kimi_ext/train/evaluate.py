@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import bridge, layout, trainer
 from .layout import DataError, Sample
+from .settings import Evaluation
 
 
 @dataclasses.dataclass
@@ -128,7 +129,7 @@ def evaluate(
     draft: str | Path | object,
     *,
     samples: Sequence[Sample] | None = None,
-    k: int = 3,
+    k: int = Evaluation.k,
     max_len: int = 4096,
     progress: bool | None = None,
 ) -> dict[str, dict]:
@@ -188,7 +189,7 @@ def evaluate(
     return rows
 
 
-def format_table(results: dict[str, dict[str, dict]], k: int = 3) -> str:
+def format_table(results: dict[str, dict[str, dict]], k: int = Evaluation.k) -> str:
     """Markdown: one row per (draft, source)."""
     head = ("| draft | prompts | chains | " + " | ".join(f"α{j + 1}" for j in range(k)) +
             f" | τ (k={k}, T=1) | greedy τ |")

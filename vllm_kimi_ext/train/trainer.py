@@ -24,24 +24,11 @@ from pathlib import Path
 
 from . import bridge, layout
 from .layout import DataError, Sample
+from .settings import TrainConfig
 
 #: Keys of a collated batch the speculators model's forward takes.
 _MODEL_INPUTS = ("hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask",
                  "position_ids", "document_ids")
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    epochs: float = 1.0
-    max_steps: int | None = None
-    lr: float = 1e-3  # speculators' default AdamW learning rate
-    warmup_ratio: float = 0.05
-    max_len: int = 2048  # tokens packed per step
-    prompt_context: int | None = None  # keep at most this many prompt tokens per sample
-    ttt_steps: int = 3
-    seed: int = 0
-    device: str | None = None
-    log_every: int = 10
 
 
 @dataclasses.dataclass
