@@ -129,9 +129,10 @@ def mutant_key(seed: int, spec) -> str:
                           f"{spec.occurrence}".encode()).hexdigest()
 
 
-def sample(db_path: Path, size: int, seed: int) -> tuple[int, int]:
-    """Mark all but ``size`` mutants skipped (none when ``size`` is 0). Returns
-    ``(kept, total)``."""
+def sample(db_path: Path, size: int, seed: int, tree: Path) -> tuple[int, int]:
+    """Mark all but ``size`` mutants skipped (none when ``size`` is 0) and record which
+    kept ones lie in a never-evaluated annotation of ``tree`` (``*.annotations.json``
+    beside the database). Returns ``(kept, total)``."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
@@ -144,6 +145,9 @@ def sample(db_path: Path, size: int, seed: int) -> tuple[int, int]:
         skip = [it.job_id for it in items if it.job_id not in keep_ids and it.job_id not in done]
         if skip:
             db.set_multiple_results(skip, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    spans: dict = {}
+    equivalent = [it.job_id for it in keep if in_annotation(it.mutations[0], tree, spans)]
+    db_path.with_suffix(".annotations.json").write_text(json.dumps(equivalent))
     return len(keep), len(items)
 
 
@@ -166,19 +170,53 @@ def run_exec(config: Path, db: Path, tree: Path, deadline: float, env: dict) -> 
         return False
 
 
+def annotation_spans(module: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Source spans of the type annotations Python never evaluates: every annotation
+    of a module with ``from __future__ import annotations`` (PEP 563)."""
+    import ast
+
+    tree = ast.parse(module.read_text(encoding="utf-8"))
+    postponed = any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+                    and any(a.name == "annotations" for a in n.names) for n in tree.body)
+    if not postponed:
+        return []
+    nodes = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            nodes.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+            nodes.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            nodes.append(node.annotation)
+    return [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in nodes]
+
+
+def in_annotation(spec, root: Path, cache: dict) -> bool:
+    """The mutation lies inside an annotation that is never evaluated (an equivalent
+    mutant). cosmic-ray positions: 1-based lines, 0-based columns, as ``ast``'s."""
+    module = root / spec.module_path
+    if module not in cache:
+        cache[module] = annotation_spans(module) if module.is_file() else []
+    start, end = tuple(spec.start_pos), tuple(spec.end_pos)
+    return any(a <= start and end <= b for a, b in cache[module])
+
+
 def survivor_id(spec) -> str:
     return f"{Path(spec.module_path).as_posix()}:{spec.start_pos[0]}:{spec.operator_name}"
 
 
-def collect(db_path: Path, seed: int) -> dict:
+def collect(db_path: Path) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     with use_db(str(db_path), WorkDB.Mode.open) as db:
         items = {it.job_id: it for it in db.work_items}
         results = dict(db.results)
+    recorded = db_path.with_suffix(".annotations.json")
+    equivalent = set(json.loads(recorded.read_text())) if recorded.is_file() else None
     out = {"mutants": len(items), "run": 0, "killed": 0, "survived": [], "incompetent": 0,
-           "pending": 0}
+           "pending": 0, "annotation": 0}
+    spans: dict = {}
     for job_id, item in items.items():
         res = results.get(job_id)
         if res is None:
@@ -188,7 +226,11 @@ def collect(db_path: Path, seed: int) -> dict:
             continue
         out["run"] += 1
         spec = item.mutations[0]
-        if res.test_outcome == TestOutcome.SURVIVED:
+        in_ann = (job_id in equivalent if equivalent is not None  # recorded at sampling
+                  else in_annotation(spec, ROOT, spans))  # older runs: today's source
+        if res.test_outcome == TestOutcome.SURVIVED and in_ann:
+            out["annotation"] += 1  # equivalent: never evaluated
+        elif res.test_outcome == TestOutcome.SURVIVED:
             out["survived"].append({"id": survivor_id(spec), "module": str(spec.module_path),
                                     "line": spec.start_pos[0], "operator": spec.operator_name,
                                     "occurrence": spec.occurrence, "diff": res.diff or ""})
@@ -211,8 +253,13 @@ def write_report(out_dir: Path, runs: dict, args, python: str) -> None:
           f"package's modules, a deterministic sample of {args.sample or 'all'} per package "
           f"(seed {args.seed}), each run against the package's fast tests in a scratch copy "
           "of the repository. A mutant is caught when a test fails (or times out).", "",
-          "| package | mutants | sampled and run | caught | survived | caught/run |",
-          "|---|---:|---:|---:|---:|---:|"]
+          "Surviving mutants inside a type annotation of a module with `from __future__ "
+          "import annotations` are equivalent (the annotation is never evaluated): they are "
+          "counted in their own column, not as caught. Every other survivor is listed "
+          "below with why it is acceptable.", "",
+          "| package | mutants | sampled and run | caught | equivalent (annotation) "
+          "| other survivors | caught / (run - equivalent) |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
         pkg = PACKAGES[name]
         caught = r["killed"] + r["incompetent"]
@@ -220,11 +267,12 @@ def write_report(out_dir: Path, runs: dict, args, python: str) -> None:
             "paths": list(pkg.paths), "excluded": list(pkg.exclude),
             "test_command": test_command(pkg, python).replace(python, "python"),
             "mutants": r["mutants"], "run": r["run"], "pending": r["pending"],
-            "caught": caught, "survived": [
+            "caught": caught, "equivalent_annotation": r["annotation"], "survived": [
                 {**s, "why_acceptable": notes.get(s["id"])} for s in r["survived"]]}
         md.append(f"| {name} | {r['mutants']} | {r['run']}"
                   + (f" ({r['pending']} pending)" if r["pending"] else "")
-                  + f" | {caught} | {len(r['survived'])} | {caught}/{r['run']} |")
+                  + f" | {caught} | {r['annotation']} | {len(r['survived'])} "
+                  f"| {caught}/{r['run'] - r['annotation']} |")
     md += ["", "## What ran", ""]
     for name, p in report["packages"].items():
         md += [f"- **{name}** (`{'`, `'.join(p['paths'])}`"
@@ -281,7 +329,7 @@ def main(argv=None) -> int:
             if not db.exists():
                 subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "init", str(config),
                                 str(db)], cwd=tree, check=True, env=env)
-            kept, total = sample(db, args.sample, args.seed)
+            kept, total = sample(db, args.sample, args.seed, tree)
             took = baseline(pkg, tree, env, args.python)
             print(f"mutants: {name}: {kept} of {total} mutants sampled; the tests pass "
                   f"unmutated in {took:.0f} s", flush=True)
@@ -290,7 +338,7 @@ def main(argv=None) -> int:
             if not finished:
                 print(f"mutants: {name}: time limit reached; rerun to resume", flush=True)
         if db.exists():
-            runs[name] = collect(db, args.seed)
+            runs[name] = collect(db)
     write_report(args.out, runs, args, args.python)
     print((args.out / "mutants.md").read_text())
     return 0

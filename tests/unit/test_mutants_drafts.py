@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.tli_scenarios import write_hf_bytelevel_tokenizer
+from testkit.tokenizers import write_kimi_tokenizer
 from vllm_kimi_ext.drafts.tli import TLIConfigError, build_tli_maps
-from vllm_kimi_ext.testing.tli_scenarios import write_hf_bytelevel_tokenizer
-from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
 
 
 def test_min_shared_tokens_is_inclusive_down_to_a_single_shared_token(tmp_path):

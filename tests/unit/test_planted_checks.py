@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.tokenizers import build_ranks, write_kimi_tokenizer, write_rank_file
 from tests.unit.test_patchset import _git, _make_patches, fake_vllm  # noqa: F401 (fixture)
 from vllm_kimi_ext import patchset
-from vllm_kimi_ext.testing.tokenizers import build_ranks, write_kimi_tokenizer, write_rank_file
 from vllm_kimi_ext.tokenizers import check_tokenizers
 
 N = 1024  # ranks of the small test tokenizers

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.drafts.doctor import diagnose
-from vllm_kimi_ext.testing.checkpoints import (
+from testkit.checkpoints import (
     TinyEagle3Spec,
     TinyKimiSpec,
     write_tiny_eagle3,
     write_tiny_kimi_k25,
 )
+from vllm_kimi_ext.drafts.doctor import diagnose
 
 TARGET = TinyKimiSpec(num_hidden_layers=6)
 DRAFT_VOCAB = 300

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.runner_stand_ins import stand_in_batch, stand_in_runner
+from testkit.runner_stand_ins import stand_in_batch, stand_in_runner
 from vllm_kimi_ext.verify import vllm_runner
 from vllm_kimi_ext.verify.vllm_runner import ineligibility
 

@@ -101,7 +101,7 @@ def test_reduced_vocab_export_round_trips_through_vllms_eagle3_loader(
     import torch
     from safetensors.torch import load_file
 
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, load_model, make_vllm_config
+    from testkit.vllm_cpu import compute_logits, load_model, make_vllm_config
 
     out = tmp_path / "reduced"
     result = _train(captured, tiny_target[1], out, draft_vocab_size=64)
@@ -144,7 +144,7 @@ OPTION_SETS = {
 @pytest.mark.parametrize("name", sorted(OPTION_SETS))
 def test_every_exported_config_field_is_the_trained_models(
         tiny_target, captured, forward_calls, tiny_kimi_dir, tmp_path, name):  # noqa: F811
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.train import bridge
 
     options = bridge.DraftOptions(**OPTION_SETS[name])
