@@ -69,7 +69,8 @@ PACKAGES: dict[str, Package] = {
                "tests/unit/test_cross_tokenizer.py", "tests/unit/test_shrink_vocab.py")),
     "train": Package(
         paths=("vllm_kimi_ext/train",),
-        tests=("tests/unit/test_planted_bill.py", "tests/unit/test_train_bill.py",
+        tests=("tests/unit/test_mutants_train.py", "tests/unit/test_planted_bill.py",
+               "tests/unit/test_train_bill.py",
                "tests/unit/test_train_data.py", "tests/vllm/test_planted_train.py"),
         timeout_s=600.0),
     "patchset": Package(
