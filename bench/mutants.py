@@ -75,7 +75,8 @@ PACKAGES: dict[str, Package] = {
         timeout_s=600.0),
     "patchset": Package(
         paths=("vllm_kimi_ext/patchset.py",),
-        tests=("tests/unit/test_patchset.py", "tests/unit/test_planted_checks.py"),
+        tests=("tests/unit/test_mutants_patchset.py", "tests/unit/test_patchset.py",
+               "tests/unit/test_planted_checks.py"),
         pytest_args=("-k", "not rank and not verification_bytes")),
 }
 
@@ -244,6 +245,18 @@ def collect(db_path: Path) -> dict:
     return out
 
 
+def ran_command(work: Path, name: str, python: str) -> str:
+    """The test command the package's mutants ran with (its session config), else today's."""
+    import tomllib
+
+    config = work / f"{name}.toml"
+    if config.is_file():
+        command = tomllib.loads(config.read_text())["cosmic-ray"]["test-command"]
+    else:
+        command = test_command(PACKAGES[name], python)
+    return shlex.join(["python", *shlex.split(command)[1:]])  # no machine path in the report
+
+
 def write_report(out_dir: Path, runs: dict, args, python: str) -> None:
     notes_path = out_dir / "survivors.json"
     notes = json.loads(notes_path.read_text()) if notes_path.is_file() else {}
@@ -266,7 +279,7 @@ def write_report(out_dir: Path, runs: dict, args, python: str) -> None:
         caught = r["killed"] + r["incompetent"]
         report["packages"][name] = {
             "paths": list(pkg.paths), "excluded": list(pkg.exclude),
-            "test_command": test_command(pkg, python).replace(python, "python"),
+            "test_command": ran_command(args.work, name, python),
             "mutants": r["mutants"], "run": r["run"], "pending": r["pending"],
             "caught": caught, "equivalent_annotation": r["annotation"], "survived": [
                 {**s, "why_acceptable": notes.get(s["id"])} for s in r["survived"]]}
