@@ -1,4 +1,4 @@
-"""Sessions: apply-patches, test, upstream-tests, bench, docs, lint.
+"""Sessions: apply-patches, test, upstream-tests, upstream-check, bench, docs, lint.
 
 All sessions share one project environment (default ``.venv``, override with
 ``VLLM_KIMI_EXT_ENV``): ``apply-patches`` creates it and installs the patched
@@ -14,8 +14,10 @@ never fetches or rebuilds vLLM; without an environment it says to run
     nox -s apply-patches -- --vllm-src PATH   # use your own git checkout instead
     nox -s apply-patches -- --check           # dry run against the baseline
     nox -s apply-patches -- --export          # fork branch commits -> patches/ + series.json
+    nox -s apply-patches -- --export --author 'Name <email>'   # sign-off (default: git config)
     nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
     nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
+    nox -s upstream-check                     # vLLM's pre-commit hooks + per-patch vLLM tests
     nox -s bench                              # what this machine can measure
     nox -s docs [-- --check]                  # regenerate every generated document
     nox -s mutants [-- --sample N --minutes M]  # mutation testing (not in CI; slow)
@@ -120,11 +122,16 @@ def apply_patches(session: nox.Session) -> None:
     parser.add_argument("--export", action="store_true",
                         help="regenerate patches/ and vllm_kimi_ext/series.json from the "
                         "fork branch commits")
+    parser.add_argument("--author", metavar="'NAME <EMAIL>'",
+                        help="with --export: the From: and Signed-off-by: lines of every "
+                        "patch (default: git config user.name and user.email)")
     parser.add_argument("--no-install", action="store_true",
                         help="prepare the tree only")
     parser.add_argument("--precompiled-wheel",
                         help="CUDA machines: local vllm-0.34.0 wheel providing the kernels")
     args = parser.parse_args(session.posargs)
+    if args.author and not args.export:
+        session.error("--author only applies to --export (the command that writes patches)")
     t0 = time.time()
     try:
         if args.vllm_src:
@@ -142,7 +149,9 @@ def apply_patches(session: nox.Session) -> None:
                         f"{patchset.BASELINE_TAG}")
             return
         if args.export:
-            names = patchset.export_series(tree, PATCH_DIR, SHIPPED_SERIES)
+            author = (patchset.parse_author(args.author) if args.author
+                      else patchset.default_author(ROOT))
+            names = patchset.export_series(tree, PATCH_DIR, SHIPPED_SERIES, author=author)
             session.log(f"--export: {len(names)} patch(es) in {PATCH_DIR}, "
                         f"record in {SHIPPED_SERIES}")
             return
@@ -231,6 +240,57 @@ def upstream_tests(session: nox.Session) -> None:
             "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
             "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--timeout", "300",
             "--rootdir", str(tree), *args, env=env)
+
+
+UPSTREAM_CHECK = "testkit.upstream_check"
+# Its own environment: the hook tools at vLLM's pinned versions, apart from the project's.
+UPSTREAM_CHECK_ENV = BUILD_DIR / "upstream-check-venv"
+
+
+def _upstream_check_env(session: nox.Session, tree: Path) -> Path:
+    """``build/upstream-check-venv`` with the tools vLLM's .pre-commit-config.yaml pins
+    (reinstalled only when the pins change); returns its bin directory."""
+    pins = subprocess.run([sys.executable, "-m", UPSTREAM_CHECK, "pins", str(tree)],
+                          capture_output=True, text=True, cwd=ROOT)
+    if pins.returncode:
+        session.error(pins.stderr.strip())
+    bin_dir = UPSTREAM_CHECK_ENV / "bin"
+    stamp = UPSTREAM_CHECK_ENV / "pins.txt"
+    if not (stamp.is_file() and stamp.read_text() == pins.stdout):
+        session.run(sys.executable, "-m", "venv", "--clear", str(UPSTREAM_CHECK_ENV),
+                    external=True)
+        session.run(str(bin_dir / "python"), "-m", "pip", "install", "-q",
+                    "--disable-pip-version-check", *pins.stdout.split(), external=True)
+        stamp.write_text(pins.stdout)
+    session.log("hook tools: " + ", ".join(pins.stdout.split()))
+    return bin_dir
+
+
+@nox.session(name="upstream-check", default=False)
+def upstream_check(session: nox.Session) -> None:
+    """vLLM 0.34.0's own pre-commit hooks on the files the series changes (the tool
+    versions its .pre-commit-config.yaml pins, in build/upstream-check-venv), then every
+    test the series adds to vLLM's tree: each must pass on the patched tree and fail on
+    stock v0.34.0. Per-patch results: build/upstream-check.json."""
+    tree = _tree()
+    if not tree.exists():
+        session.error("no vLLM tree: run `nox -s apply-patches` first")
+    _require_env(session)
+    t0 = time.time()
+    bin_dir = _upstream_check_env(session, tree)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    hooks = subprocess.run([str(bin_dir / "python"), "-m", UPSTREAM_CHECK, "hooks", str(tree),
+                            str(bin_dir)], env=env).returncode
+    t_hooks = time.time() - t0
+    _pip(session, *UPSTREAM_TEST_REQUIREMENTS)
+    tests = subprocess.run([_py(), "-m", UPSTREAM_CHECK, "tests", str(tree),
+                            str(BUILD_DIR / "upstream-check.json")],
+                           env={**env, **OFFLINE_ENV, "VLLM_TARGET_DEVICE": "cpu"}).returncode
+    session.log(f"upstream-check: hooks {t_hooks:.0f} s, total {time.time() - t0:.0f} s")
+    if hooks or tests:
+        session.error("upstream-check: " + "; ".join(
+            what for what, rc in (("a hook failed", hooks), ("a per-patch test check failed",
+                                                              tests)) if rc))
 
 
 @nox.session(default=False)

@@ -115,7 +115,7 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
     import torch
 
     from vllm_kimi_ext.drafts.cli import _HFTokenizer
-    from vllm_kimi_ext.drafts.shrink_vocab import shrink_vocab
+    from vllm_kimi_ext.drafts.shrink_vocab.shrink import shrink_vocab
     from vllm_kimi_ext.train.cli import load_hf
 
     torch.manual_seed(seed)

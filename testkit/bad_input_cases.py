@@ -8,7 +8,7 @@ own ``main(argv) -> int`` passes it as ``Case(entry=...)``) and register it in
 :data:`CASES_BY_TOOL`.
 
 Every doctor finding code must be triggered by at least one case here (checked
-against :data:`vllm_kimi_ext.drafts.doctor_codes.FINDING_CODES`).
+against :data:`vllm_kimi_ext.drafts.doctor.codes.FINDING_CODES`).
 """
 
 from __future__ import annotations
@@ -689,7 +689,7 @@ def _raising(exc: BaseException):
         def boom(*args, **kwargs):
             raise exc
 
-        ws.monkeypatch.setattr("vllm_kimi_ext.drafts.doctor.diagnose", boom)
+        ws.monkeypatch.setattr("vllm_kimi_ext.drafts.doctor.diagnosis.diagnose", boom)
         return {"target": ws.base("target"), "draft": ws.base("eagle3")}
 
     return build

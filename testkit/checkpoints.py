@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-# Real Kimi-K2.5 special ids (CONTEXT.md). Tiny vocabularies keep the same
-# *layout*: ``n_ranks`` tiktoken ranks followed by 256 reserved specials.
+# Real Kimi-K2.5 special ids (moonshotai/Kimi-K2.5 tokenizer_config.json on Hugging Face).
+# Tiny vocabularies keep the same *layout*: ``n_ranks`` tiktoken ranks followed by 256
+# reserved specials.
 KIMI_NUM_SPECIAL = 256
 
 

@@ -330,7 +330,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
 
 def draft_agreement_check(rank: int) -> dict:
     """The opt-in agreement check on identical and on diverging draft tokens."""
-    from vllm_kimi_ext.drafts.agreement import DraftDisagreement, check_draft_agreement
+    from vllm_kimi_ext.integration.draft_agreement import DraftDisagreement, check_draft_agreement
 
     same = torch.tensor([[5, 6, 7], [8, 9, 10]])
     check_draft_agreement(same)

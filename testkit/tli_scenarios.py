@@ -152,7 +152,7 @@ def build_tli_speculator(target_dir: str | Path, draft_dir: str | Path, *,
 
     prepare_process()  # the CPU platform, before vLLM is imported
     from vllm_kimi_ext import plugin
-    from vllm_kimi_ext.drafts.tli_speculator import TLISpeculator
+    from vllm_kimi_ext.integration.tli_speculator import TLISpeculator
 
     plugin.register_speculative_methods()
     ensure_single_rank()  # no-op inside run_tp ranks
@@ -189,7 +189,7 @@ def load_speculator(cfg, speculator_cls):
 def gumbel_check(target_dir: str, draft_dir: str, rows: int = 48, seed: int = 0) -> dict:
     """The proposal the speculator hands vLLM's samplers, sampled by vLLM's own
     Triton Gumbel sampler, against the reference TLI distribution of
-    :mod:`~vllm_kimi_ext.drafts.cross_tokenizer` sampled by the same kernel with
+    :mod:`~vllm_kimi_ext.drafts.tli.cross_tokenizer` sampled by the same kernel with
     the same seeds and positions (shared random draws); plus the greedy path
     (``sample_draft`` without a logits cache).  Needs vLLM's Triton kernels
     runnable: on CPU, Triton's interpreter (``TRITON_INTERPRET=1`` with
@@ -224,8 +224,8 @@ def gumbel_check(target_dir: str, draft_dir: str, rows: int = 48, seed: int = 0)
         greedy = spec.sample_draft(hidden, positions, idx_mapping, temperature, seeds, step, None)
         greedy_ref = maps.intersection.map_probs(torch.softmax(draft_logits.float(), -1)).argmax(-1)
     # the Triton kernel the speculator uses on CUDA, here under the interpreter
-    from vllm_kimi_ext.drafts._tli_triton import gather_logits_triton
-    from vllm_kimi_ext.drafts.tli import gather_table, scatter_to_target
+    from vllm_kimi_ext.drafts.tli._triton import gather_logits_triton
+    from vllm_kimi_ext.drafts.tli.maps import gather_table, scatter_to_target
 
     triton_gather = gather_logits_triton(draft_logits.contiguous(),
                                          gather_table(maps.intersection))

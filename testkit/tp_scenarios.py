@@ -283,6 +283,7 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         "reference_tokens": ref.tokens(),
         "counted": cc.summary(),
         "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.collectives],
+        "plan_bytes": verifier.last_plan.bytes_sent_per_rank,
         "new_fallbacks": {k: v - before.get(k, 0)
                           for k, v in vllm_runner.FALLBACKS.as_dict().items()
                           if v != before.get(k, 0)},

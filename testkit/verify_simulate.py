@@ -27,6 +27,8 @@ class ThreadedGroup:
         self._slots: list[torch.Tensor | None] = [None] * world_size
         #: Per rank: list of (shape, bytes sent) per collective.
         self.calls: list[list[tuple[tuple[int, ...], int]]] = [[] for _ in range(world_size)]
+        #: Per rank: what each all-gather returned (for replaying one rank alone).
+        self.received: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
 
     def all_gather_fn(self, rank: int) -> AllGather:
         def all_gather(t: torch.Tensor) -> torch.Tensor:
@@ -37,6 +39,7 @@ class ThreadedGroup:
                 out = torch.stack([s.clone() for s in self._slots])  # type: ignore[union-attr]
             finally:
                 self._barrier.wait()
+            self.received[rank].append(out)
             return out
 
         return all_gather

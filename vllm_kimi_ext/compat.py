@@ -50,6 +50,22 @@ def vllm_tree() -> Path | None:
     return Path(spec.origin).resolve().parent.parent
 
 
+def vllm_keeps_eagle3_deepseek_heads() -> bool:
+    """Whether the installed vLLM carries the fix that keeps DeepSeek-type EAGLE-3 heads out
+    of the MTP rewrite (our ``eagle3-deepseek-not-mtp`` patch adds
+    ``vllm.config.speculative._is_eagle3_draft_architecture``); False without vLLM or when
+    it cannot be imported. For the draft doctor, which otherwise runs without vLLM."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("vllm") is None:
+            return False
+        from vllm.config import speculative
+    except Exception:  # noqa: BLE001 - any import problem means "stock"
+        return False
+    return hasattr(speculative, "_is_eagle3_draft_architecture")
+
+
 def expected_record() -> dict:
     """The record of the series this package ships (package data)."""
     where = f"vllm_kimi_ext/{SHIPPED_SERIES}"

@@ -112,6 +112,10 @@ SHARDED_VERIFY = Flag(
     "VLLM_KIMI_EXT_SHARDED_VERIFY", "bool", False,
     "verify drafts over vocabulary shards instead of all-gathering logits (experimental; "
     "every ineligible step falls back to stock, counted per reason)", "off")
+SHARDED_VERIFY_GRAPHS = Flag(
+    "VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS", "bool", True,
+    "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture each verification step shape in its own "
+    "CUDA graph and replay it (off: run the same step eagerly)", "on")
 SKIP_DRAFT_CHECK = Flag(
     "VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "bool", False,
     "skip the configuration-time draft checks (`vllm-kimi-ext doctor` runs the same checks "
@@ -122,7 +126,7 @@ PROJECT_ENV = Flag(
     "`.venv`")
 
 FLAGS: tuple[Flag, ...] = (ENABLE, ALLOW_MISMATCH, COUNT_COLLECTIVES, CHECK_DRAFT_AGREEMENT,
-                           SHARDED_VERIFY, SKIP_DRAFT_CHECK, PROJECT_ENV)
+                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, SKIP_DRAFT_CHECK, PROJECT_ENV)
 PREFIX = ENABLE.name
 
 

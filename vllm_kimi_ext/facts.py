@@ -12,6 +12,7 @@ field raises :class:`FactsError` naming the file, the field and what was expecte
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Mapping
@@ -24,8 +25,12 @@ __all__ = [
     "TARGET_PROFILE",
     "FactsError",
     "PublishedAcceptance",
+    "DraftShape",
     "TargetDims",
+    "SpecialTokens",
     "draft_num_layers",
+    "draft_shape",
+    "special_tokens",
     "published_acceptance",
     "target_dims",
 ]
@@ -84,6 +89,7 @@ class TargetDims:
     allreduces_per_layer: int  # MLA o_proj + MoE/MLP
     embedding_allreduces: int  # vocab-parallel embedding
     logits_allgathers: int
+    active_params: float  # parameters active per token, as the model card states them
 
     @property
     def allreduces_per_pass(self) -> int:
@@ -107,6 +113,7 @@ def target_dims(name: str = TARGET_PROFILE) -> TargetDims:
         allreduces_per_layer=get("collectives.allreduce_per_layer"),
         embedding_allreduces=get("collectives.embedding_allreduce"),
         logits_allgathers=get("collectives.logits_allgather"),
+        active_params=float(_field("models", name, "active_params", float)),
     )
 
 
@@ -144,3 +151,53 @@ def published_acceptance(draft: str) -> PublishedAcceptance:
 def draft_num_layers(draft: str) -> int:
     """Decoder layers of a draft profile's architecture (drives its collective count)."""
     return _field("drafts", draft, "architecture.num_layers", int)
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """A draft head's shape, from its profile's ``architecture``."""
+
+    draft: str  # profile name
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_aux_hidden_states: int
+    vocab_size: int
+
+
+@functools.cache
+def draft_shape(draft: str) -> DraftShape:
+    """The shape of a draft profile's head, e.g. ``lightseek-eagle3``."""
+
+    def get(field: str) -> int:
+        return _field("drafts", draft, f"architecture.{field}", int)
+
+    return DraftShape(draft, *(get(f.name) for f in dataclasses.fields(DraftShape)[1:]))
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The special tokens Kimi-K2.5's chat format and parsers rely on, by name."""
+
+    bos: str
+    eos: str
+    chat: tuple[str, ...]
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (self.bos, self.eos, *self.chat)
+
+
+@functools.cache
+def special_tokens(name: str = TARGET_PROFILE) -> SpecialTokens:
+    """A target model profile's special tokens (default: Kimi-K2.5)."""
+    shown, _ = _profile("models", name)
+    chat = _field("models", name, "special_tokens.chat", list)
+    for i, token in enumerate(chat):
+        _checked(shown, f"special_tokens.chat[{i}]", token, str)
+    return SpecialTokens(bos=_field("models", name, "special_tokens.bos", str),
+                         eos=_field("models", name, "special_tokens.eos", str),
+                         chat=tuple(chat))

@@ -1,6 +1,6 @@
 """One named problem (or observation) a checker reports: the project's single ``Finding`` type.
 
-Used by the draft doctor (:mod:`vllm_kimi_ext.drafts.doctor`, severities ``error`` /
+Used by the draft doctor (:mod:`vllm_kimi_ext.drafts.doctor.diagnosis`, severities ``error`` /
 ``warning``) and the tokenizer comparison (:mod:`vllm_kimi_ext.tokenizers.compare`,
 severities ``info`` / ``compatible`` / ``incompatible``); each checker documents its codes
 and severities. ``file`` and ``field`` optionally name where the problem is; they appear

@@ -106,6 +106,57 @@ def read_series(patch_dir: Path) -> list[SeriesEntry]:
     return out
 
 
+#: A patch's slug: its name in code, cost-model profiles and docs, which render its number
+#: from the shipped series (:mod:`vllm_kimi_ext.patch_ids`). Lowercase words and hyphens.
+SLUG_RE = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def _subject(name: str) -> str:
+    """A patch file name without its number: ``NNNN-Foo-bar.patch`` -> ``Foo-bar.patch``."""
+    return name.split("-", 1)[1] if re.match(r"\d{4}-", name) else name
+
+
+def derive_slug(name: str) -> str:
+    """The slug a new patch gets from its file name (its subject), e.g.
+    ``NNNN-Spec-Decode-Refuse-X.patch`` -> ``spec-decode-refuse-x``."""
+    stem = _subject(name).removesuffix(".patch").lower()
+    return re.sub(r"[^a-z0-9]+", "-", stem).strip("-") or "patch"
+
+
+def assign_slugs(names: list[str], previous: list[dict]) -> list[str]:
+    """The slug of each patch of a freshly exported series, carried over from ``previous``
+    (the ``series`` entries of the last export): the slug of the entry with the same subject,
+    else of the entry with the same number if that entry's subject left the series (a patch
+    reworded in place), else one derived from the subject (:func:`derive_slug`)."""
+    old = [e for e in previous if isinstance(e, dict) and isinstance(e.get("name"), str)
+           and isinstance(e.get("slug"), str) and SLUG_RE.fullmatch(e["slug"])]
+    by_subject = {_subject(e["name"]): e["slug"] for e in old}
+    subjects = {_subject(n) for n in names}
+    by_number = {e["name"][:4]: e["slug"] for e in old if _subject(e["name"]) not in subjects}
+    out: list[str] = []
+    for name in names:
+        slug = by_subject.get(_subject(name)) or by_number.get(name[:4])
+        if slug is None:
+            slug = derive_slug(name)
+            _progress(f"{name}: new patch, slug {slug!r} (derived from its subject; rename it "
+                      "in vllm_kimi_ext/series.json, --export keeps it)")
+        base, i = slug, 2
+        while slug in out:
+            slug, i = f"{base}-{i}", i + 1
+        out.append(slug)
+    return out
+
+
+def _previous_series(shipped_series: Path) -> list[dict]:
+    """The ``series`` entries of an existing package record, or [] (none or unreadable)."""
+    try:
+        data = json.loads(Path(shipped_series).read_text())
+    except (OSError, ValueError):
+        return []
+    series = data.get("series") if isinstance(data, dict) else None
+    return series if isinstance(series, list) else []
+
+
 def series_record(entries: list[SeriesEntry], files: dict[str, str | None]) -> dict:
     """The record of a series: patches in order with their sha256, a digest of
     that list, and ``files`` (path -> sha256 of each file the series touches
@@ -450,10 +501,53 @@ def _write_if_changed(path: Path, data: bytes) -> None:
         _progress(f"wrote {path}")
 
 
-def export_series(tree: Path, patch_dir: Path, shipped_series: Path) -> list[str]:
+_AUTHOR_RE = re.compile(r"^[^<>\n]+ <[^<>@\s]+@[^<>\s]+>$")
+
+
+def parse_author(author: str) -> str:
+    """``Name <email>`` normalised; a one-line error otherwise."""
+    author = " ".join(author.split())
+    if not _AUTHOR_RE.match(author):
+        raise PatchSetError(f"--author {author!r}: expected 'Name <email>'")
+    return author
+
+
+def default_author(tree: Path | None = None) -> str:
+    """``git config user.name <user.email>`` (of ``tree`` when given)."""
+    where = ["-C", str(tree)] if tree is not None else []
+    values = []
+    for key in ("user.name", "user.email"):
+        proc = subprocess.run(["git", *where, "config", key], capture_output=True, text=True)
+        values.append(proc.stdout.strip())
+    if not all(values):
+        raise PatchSetError("no patch author: pass --author 'Name <email>' or set git config "
+                            "user.name and user.email")
+    return parse_author(f"{values[0]} <{values[1]}>")
+
+
+def _set_author(patch: bytes, author: str) -> bytes:
+    """The ``From:`` header and every ``Signed-off-by:`` line of the commit
+    message (one, at its end, if there was none) name ``author``."""
+    text = patch.decode("utf-8")
+    head, sep, rest = text.partition("\n---\n")
+    lines = [ln for ln in head.split("\n") if not ln.startswith("Signed-off-by: ")]
+    lines = [f"From: {author}" if ln.startswith("From: ") else ln for ln in lines]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    lines += ["", f"Signed-off-by: {author}"]
+    return ("\n".join(lines) + sep + rest).encode("utf-8")
+
+
+def export_series(tree: Path, patch_dir: Path, shipped_series: Path,
+                  author: str | None = None) -> list[str]:
     """Regenerate the patch files, ``series`` and the package's series record
     (``shipped_series``, i.e. ``vllm_kimi_ext/series.json``) from the fork
-    branch commits.
+    branch commits. The package record also names each patch by its slug, kept from the
+    record being replaced (:func:`assign_slugs`); the tree's record carries no slugs.
+
+    ``author`` (``Name <email>``, see :func:`parse_author`) replaces each
+    patch's ``From:`` and ``Signed-off-by:`` lines, so the sign-off is the
+    contributor's; None keeps the commits' own.
 
     Files are written only when their content changes, so exporting an
     unmodified branch is a no-op (the round trip is byte-stable). The tree's
@@ -473,7 +567,10 @@ def export_series(tree: Path, patch_dir: Path, shipped_series: Path) -> list[str
         patch_dir.mkdir(parents=True, exist_ok=True)
         old = {p.name for p in patch_dir.glob("*.patch")}
         for name in produced:
-            _write_if_changed(patch_dir / name, (scratch / name).read_bytes())
+            data = (scratch / name).read_bytes()
+            if author is not None:
+                data = _set_author(data, author)
+            _write_if_changed(patch_dir / name, data)
         for stale in sorted(old - set(produced)):
             (patch_dir / stale).unlink()
             _progress(f"removed {stale} (no longer on {FORK_BRANCH})")
@@ -483,6 +580,9 @@ def export_series(tree: Path, patch_dir: Path, shipped_series: Path) -> list[str
                           (header + "".join(f"{name}\n" for name in produced)).encode())
         entries = read_series(patch_dir)
         shipped = series_record(entries, _fingerprint_rev(tree, FORK_BRANCH))
+        slugs = assign_slugs([e.name for e in entries], _previous_series(shipped_series))
+        for entry, slug in zip(shipped["series"], slugs):
+            entry["slug"] = slug
         _write_if_changed(shipped_series, (json.dumps(shipped, indent=2) + "\n").encode())
         head = git(tree, "rev-parse", "--abbrev-ref", "HEAD", check=False).stdout.strip()
         if head == FORK_BRANCH:

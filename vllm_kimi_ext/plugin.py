@@ -14,7 +14,7 @@ change vLLM's behaviour. When enabled, the plugin
    whose applied patch series differs from this package's;
 3. registers its variables with vLLM, so vLLM does not warn about them as
    unknown (:func:`register_env_vars`);
-4. registers ``method: "kimi_tli"`` (:mod:`vllm_kimi_ext.drafts.tli_config`),
+4. registers ``method: "kimi_tli"`` (:mod:`vllm_kimi_ext.integration.tli_config`),
    applies the runtime patches the flags ask for
    (:func:`vllm_kimi_ext.runtime.apply_all`) and logs one line per process:
    package version, applied patch series, runtime patches installed.
@@ -43,10 +43,10 @@ def register_speculative_methods() -> list[str]:
     API (re-entrant: vLLM accepts the same registration twice)."""
     from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
 
-    from vllm_kimi_ext.drafts.tli_config import TLI_METHOD
+    from vllm_kimi_ext.integration.tli_config import TLI_METHOD
 
     register_speculative_method(
-        TLI_METHOD, "vllm_kimi_ext.drafts.tli_config.TLISpeculatorConfig")
+        TLI_METHOD, "vllm_kimi_ext.integration.tli_config.TLISpeculatorConfig")
     return [TLI_METHOD]
 
 

@@ -10,9 +10,12 @@ into a scratch tree with :func:`stale_documents` and fails when a committed docu
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,16 +39,26 @@ class DocGenerator:
 GENERATORS: tuple[DocGenerator, ...] = (
     DocGenerator("vllm_kimi_ext.costmodel.report", "docs", ("what-to-run.md", "cost-model.md"),
                  updates=("cost-model.md",)),
-    DocGenerator("vllm_kimi_ext.drafts.placement_table", "docs", ("collectives-per-token.md",)),
-    DocGenerator("vllm_kimi_ext.drafts.doctor_codes", "docs", ("doctor.md",),
+    DocGenerator("vllm_kimi_ext.costmodel.placement_table", "docs", ("collectives-per-token.md",)),
+    DocGenerator("vllm_kimi_ext.drafts.doctor.codes", "docs", ("doctor.md",),
                  updates=("doctor.md",)),
     DocGenerator("bench.harness.readme", ".", ("README.md",), updates=("README.md",)),
+    DocGenerator("bench.harness.bill_example", "docs", ("training-a-draft.md",),
+                 updates=("training-a-draft.md",)),
 )
 
 
+#: the verify block of docs/cost-model.md: three verifiers priced from the measured report
+#: (a second generator of that document; each replaces only its own blocks)
+GENERATORS += (DocGenerator("vllm_kimi_ext.costmodel.verify_report", "docs", ("cost-model.md",),
+                            updates=("cost-model.md",)),)
+
+
 def documents() -> list[str]:
-    """Every generated document, relative to the repository root."""
-    return [str(Path(g.directory) / d) for g in GENERATORS for d in g.documents]
+    """Every generated document, relative to the repository root (once each, although
+    several generators may update one)."""
+    return list(dict.fromkeys(str(Path(g.directory) / d) for g in GENERATORS
+                              for d in g.documents))
 
 
 def regenerate(root: Path, scratch: Path) -> list[str]:
@@ -73,3 +86,39 @@ def stale_documents(root: Path, scratch: Path) -> list[str]:
         if not mine.is_file() or mine.read_text() != (scratch / rel).read_text():
             stale.append(rel)
     return stale
+
+
+def in_place_main(prog: str, description: str, document: str, update: Callable[[str, str], str],
+                  argv: list[str] | None = None) -> int:
+    """The convention's command line for a generator that edits ``DIR/document`` in place:
+    ``update(text, path)`` returns the document with its generated parts current (ValueError
+    when it lacks them). Exit 0 written / up to date, 1 stale (``--check-docs``), 2 unreadable
+    or without its generated parts (one line on stderr)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write-docs", type=Path, metavar="DIR",
+                   help=f"update the generated parts of DIR/{document}")
+    g.add_argument("--check-docs", type=Path, metavar="DIR",
+                   help=f"exit 1 if DIR/{document}'s generated parts are stale")
+    args = ap.parse_args(argv)
+    root = args.write_docs or args.check_docs
+    path = root / document
+    try:
+        text = path.read_text()
+        new = update(text, str(path))
+    except OSError as exc:
+        print(f"{exc.filename}: cannot read ({exc.strerror})", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 2
+    if args.check_docs:
+        if new != text:
+            print(f"stale: {path} (run python -m {prog.split()[-1]} --write-docs {root})",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        path.write_text(new)
+        print(f"wrote {path}")
+    return 0

@@ -9,43 +9,15 @@ when it is stale. The directory is the one that holds README.md: the repository 
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
+from bench.harness.generated_docs import in_place_main
 from vllm_kimi_ext.costmodel.headline import updated_readme
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.harness.readme",
-                                 description=__doc__.split("\n\n")[0])
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--write-docs", type=Path, metavar="DIR",
-                   help="update the section in DIR/README.md")
-    g.add_argument("--check-docs", type=Path, metavar="DIR",
-                   help="exit 1 if DIR/README.md's section is stale")
-    args = ap.parse_args(argv)
-    root = args.write_docs or args.check_docs
-    readme_path = root / "README.md"
-    try:
-        readme = readme_path.read_text()
-        new = updated_readme(readme)
-    except OSError as exc:
-        print(f"{exc.filename}: cannot read ({exc.strerror})", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"{readme_path}: {exc}", file=sys.stderr)
-        return 2
-    if args.check_docs:
-        if new != readme:
-            print(f"stale: {readme_path} (run python -m bench.harness.readme --write-docs "
-                  f"{root})", file=sys.stderr)
-            return 1
-        return 0
-    if new != readme:
-        readme_path.write_text(new)
-        print(f"wrote {readme_path}")
-    return 0
+    return in_place_main("python -m bench.harness.readme", __doc__.split("\n\n")[0],
+                         "README.md", lambda text, where: updated_readme(text), argv)
 
 
 if __name__ == "__main__":

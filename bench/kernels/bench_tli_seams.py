@@ -2,7 +2,7 @@
 
     python bench/kernels/bench_tli_seams.py [--out-dir DIR] [--quick]
 
-``kimi_tli`` (vllm_kimi_ext.drafts.tli_speculator) adds, per draft forward,
+``kimi_tli`` (vllm_kimi_ext.integration.tli_speculator) adds, per draft forward,
 (1) ``project_inputs``: a gather of one draft id per target input id, and
 (2) the proposal logits: the draft's ``[N, Vd]`` logits placed into a ``[N, Vt]``
 row of ``-inf`` at the shared target ids.  Three forms of (2) are timed: the
@@ -45,8 +45,8 @@ HIDDEN = 1024
 
 
 def run(quick: bool) -> dict:
-    from vllm_kimi_ext.drafts.cross_tokenizer import VocabIntersection
-    from vllm_kimi_ext.drafts.tli import (
+    from vllm_kimi_ext.drafts.tli.cross_tokenizer import VocabIntersection
+    from vllm_kimi_ext.drafts.tli.maps import (
         gather_table,
         gather_to_target,
         gather_to_target_torch,

@@ -7,7 +7,7 @@ Triton kernels (no vLLM package needed: the same source-file loader as
 ``bench_sharded_verify.py``):
 
 1. proposal logits over the *target* vocabulary from a draft with another
-   vocabulary: ``vllm_kimi_ext.drafts.tli.scatter_to_target`` (the function the
+   vocabulary: ``vllm_kimi_ext.drafts.tli.maps.scatter_to_target`` (the function the
    speculator calls), ``-inf`` off the intersection;
 2. vLLM's ``gumbel_sample`` draws the draft token *and writes the draft-logits
    cache* (the path Triton's CPU interpreter cannot run);
@@ -44,7 +44,7 @@ ALPHA = 1e-3
 
 
 def _case(device: str, seed: int = 0):
-    from vllm_kimi_ext.drafts.cross_tokenizer import build_intersection
+    from vllm_kimi_ext.drafts.tli.cross_tokenizer import build_intersection
 
     g = torch.Generator().manual_seed(seed)
     t_ids = torch.randperm(VT, generator=g)[:SHARED]
@@ -82,7 +82,7 @@ def _binned_chi_square(counts: torch.Tensor, probs: torch.Tensor, n: int):
 def run(draws: int, temperature: float, vllm_src: Path | None) -> dict:
     from bench_sharded_verify import load_vllm_rejection_sample
 
-    from vllm_kimi_ext.drafts.tli import scatter_to_target
+    from vllm_kimi_ext.drafts.tli.maps import scatter_to_target
 
     rejection_sample, info = load_vllm_rejection_sample(vllm_src)
     gumbel_sample = sys.modules["vllm.v1.worker.gpu.sample.gumbel"].gumbel_sample

@@ -1,5 +1,5 @@
 """Canary: the doctor's picture of which draft classes vLLM 0.34.0 can build
-(vllm_kimi_ext.drafts.draft_kinds) matches the installed registry and EAGLEConfig's
+(vllm_kimi_ext.drafts.doctor.draft_kinds) matches the installed registry and EAGLEConfig's
 renaming. When it fails after an upgrade, update EAGLE3_ARCHITECTURES /
 DFLASH_ARCHITECTURES / resolved_architecture there."""
 
@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.canary]
 def test_draft_architecture_sets_match_the_registry():
     from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
 
-    from vllm_kimi_ext.drafts.draft_kinds import DFLASH_ARCHITECTURES, EAGLE3_ARCHITECTURES
+    from vllm_kimi_ext.drafts.doctor.draft_kinds import DFLASH_ARCHITECTURES, EAGLE3_ARCHITECTURES
 
     names = set(_SPECULATIVE_DECODING_MODELS)
     eagle3 = {n for n in names if n.startswith("Eagle3") or n.endswith("Eagle3")}

@@ -57,15 +57,20 @@ def test_top_p_step_sharded_equals_reference(tp2_target_results):
 def test_runner_path_verifies_kimi_top_p_sharded(tp2_target_results):
     """The same step through ``vllm_runner.sample_step`` (the ``GPUModelRunner.sample``
     patch body) at T 1.0 / 0.6 with top_p 0.95: sharded (no fallback counted), equal to
-    the full-logits reference, every all-gather in the plan."""
+    the full-logits reference, every all-gather in the plan (the graph step's rounds:
+    statistics + candidates, then the escalation slots). The tiny model's rows are flat,
+    so a request may stop at a deferred row: it then emits a non-empty prefix of the
+    reference's tokens (never fewer than one)."""
     for rank, res in enumerate(tp2_target_results):
         r = res["verify"]["runner"]
-        assert r["tokens"] == r["reference_tokens"], f"rank {rank}"
+        for ours, ref in zip(r["tokens"], r["reference_tokens"]):
+            assert ours == ref or (0 < len(ours) < len(ref) and ref[:len(ours)] == ours), \
+                f"rank {rank}: {ours} vs {ref}"
         assert r["new_fallbacks"] == {}
-        names = [name for name, _, _ in r["sent"]]
-        assert names[0] == "threshold" and names[-1] == "stats"
+        names = [name for name, *_ in r["sent"]]
+        assert names == ["stats+candidates", "escalation"]
         calls, nbytes = r["counted"][("tp", "verify", "all_gather")]
         assert calls == len(r["sent"])
-        assert nbytes == sum(4 * rows * width for _, rows, width in r["sent"])
+        assert nbytes == r["plan_bytes"]
     assert tp2_target_results[0]["verify"]["runner"]["tokens"] == \
         tp2_target_results[1]["verify"]["runner"]["tokens"]

@@ -30,8 +30,8 @@ def test_tli_through_vllm_gpu_kernels(tmp_path):
 def test_triton_gather_equals_reference_on_cuda():
     import torch
 
-    from vllm_kimi_ext.drafts.cross_tokenizer import VocabIntersection
-    from vllm_kimi_ext.drafts.tli import gather_table, gather_to_target, scatter_to_target
+    from vllm_kimi_ext.drafts.tli.cross_tokenizer import VocabIntersection
+    from vllm_kimi_ext.drafts.tli.maps import gather_table, gather_to_target, scatter_to_target
 
     vt, vd, shared = 163840, 151936, 120000
     g = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ import pytest
 import vllm_kimi_ext
 from testkit.bad_input import Bases, Workspace, run_case
 from testkit.bad_input_cases import ALL_CASES, CASES_BY_TOOL
-from vllm_kimi_ext.drafts import doctor_codes
+from vllm_kimi_ext.drafts.doctor import codes as doctor_codes
 
 REPO = Path(vllm_kimi_ext.__file__).parent.parent
 
@@ -74,9 +74,11 @@ def test_every_doctor_code_has_a_triggering_case():
 
 def _codes_in_source() -> set[str]:
     """Every string literal passed as the first argument of ``finding(...)`` or
-    ``Finding(...)``, or used as a value of a code map, in vllm_kimi_ext/drafts/."""
+    ``Finding(...)``, or used as a value of a code map, in vllm_kimi_ext/drafts/ and
+    vllm_kimi_ext/checkpoints/."""
     found: set[str] = set()
-    for path in (REPO / "vllm_kimi_ext" / "drafts").glob("*.py"):
+    for path in [*(REPO / "vllm_kimi_ext" / "drafts").rglob("*.py"),
+                 *(REPO / "vllm_kimi_ext" / "checkpoints").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
                     "finding", "Finding") and node.args:
@@ -101,7 +103,7 @@ def test_every_code_in_the_source_is_in_the_table():
 def test_doctor_man_page_lists_every_code_as_generated(tmp_path):
     page = (REPO / "docs" / doctor_codes.DOC_FILE).read_text()
     assert doctor_codes.main(["--check-docs", str(REPO / "docs")]) == 0, (
-        "docs/doctor.md is stale: python -m vllm_kimi_ext.drafts.doctor_codes --write-docs docs")
+        "docs/doctor.md is stale: python -m vllm_kimi_ext.drafts.doctor.codes --write-docs docs")
     for c in doctor_codes.FINDING_CODES:
         assert f"| `{c.code}` | {c.severity} |" in page
     # a stale copy is named, and --write-docs repairs it

@@ -10,8 +10,12 @@ import pytest
 
 from vllm_kimi_ext.costmodel import CostModel, load_hardware
 from vllm_kimi_ext.costmodel.calibration import (
+    DIFFERENCES,
     ERROR_BOUND,
     FIT_DEFAULT,
+    HELD_OUT,
+    Row,
+    ValidationReport,
     fit,
     load_points,
     predict,
@@ -99,6 +103,7 @@ def test_errors_are_bounded_or_explained(report):
     for r in report.rows:
         if not r.within_bound:
             assert r.point.model_lacks, f"{r.point.id}: {r.error:+.1%} with no mechanism named"
+            assert r.point.difference in DIFFERENCES, r.point.id
     assert report.unexplained_misses == []
     assert report.mean_abs_error("calibration") <= 0.06
     assert report.mean_abs_error("validation") <= 0.10
@@ -141,3 +146,60 @@ def test_fitted_block_must_be_complete(tmp_path):
     with pytest.raises(ProfileError, match="'kv_read_factor' is missing"):
         CostModel.build(str(path))
     assert math.isfinite(CostModel.build(str(path), params="prior").params.bandwidth_efficiency)
+
+
+def test_held_out_points_are_split_by_distance_from_the_fit(report):
+    between, unseen = (report.held_out(g) for g in HELD_OUT)
+    assert sorted(r.point.id for r in between + unseen) == \
+        sorted(r.point.id for r in report.split("validation"))
+    fitted = {r.point.run for r in report.split("calibration")}
+    assert between and all(r.point.run in fitted for r in between)
+    assert unseen and all(r.point.run not in fitted for r in unseen)
+    doc = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert {g: v["points"] for g, v in doc["groups"].items()} == {
+        "calibration": len(report.split("calibration")),
+        f"held out, {HELD_OUT[0]}": len(between), f"held out, {HELD_OUT[1]}": len(unseen)}
+
+
+def _miss(report, **changes) -> tuple[ValidationReport, Row]:
+    """The report with its first miss's point changed (the planted explanations)."""
+    row = report.misses[0]
+    bad = Row(dataclasses.replace(row.point, **changes), row.predicted)
+    rows = tuple(bad if r is row else r for r in report.rows)
+    return dataclasses.replace(report, rows=rows), bad
+
+
+def test_an_explanation_string_alone_does_not_pass(report):
+    rep, row = _miss(report, difference="")
+    assert row in rep.unexplained_misses
+    assert "names no recorded difference" in rep.why_unexplained(row)
+    rep, row = _miss(report, difference="", model_lacks="")
+    assert rep.why_unexplained(row) == "no mechanism named"
+
+
+def test_a_difference_every_fitted_run_shares_does_not_pass(report):
+    # every fitted run of the shipped profile is on the same host: naming it explains nothing
+    fitted_hosts = {r.point.recorded("host") for r in report.split("calibration")}
+    row = report.misses[0]
+    assert row.point.recorded("host") in fitted_hosts and len(fitted_hosts) == 1
+    rep, row = _miss(report, difference="host")
+    assert row in rep.unexplained_misses and "every other fitted run" in rep.why_unexplained(row)
+    rep, row = _miss(report, difference="kernels", kernels="")
+    assert "does not record" in rep.why_unexplained(row)
+
+
+def test_a_profile_without_calibration_points_is_refused(cm, points):
+    held = [dataclasses.replace(p, split="validation") for p in points]
+    with pytest.raises(ProfileError, match="no point with split 'calibration'"):
+        validate(cm, held)
+
+
+def test_model_lacks_must_name_a_recorded_difference(tmp_path):
+    doc = dict(load_hardware(PCIE).raw)
+    runs = json.loads(json.dumps(doc["calibration"]["runs"]))
+    lacking = next(r for r in runs if isinstance(r.get("model_lacks"), dict))
+    lacking["model_lacks"] = {"difference": "weather", "why": "it rained"}
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps({**doc, "calibration": {**doc["calibration"], "runs": runs}}))
+    with pytest.raises(ProfileError, match=r"model_lacks.difference' must be one of image"):
+        load_points(load_hardware(path))

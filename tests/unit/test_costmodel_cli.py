@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -47,8 +49,10 @@ def test_validate_prints_every_point(capsys):
     rc, out, _ = run(["--validate"], capsys)
     assert rc == 0
     assert "measured" in out and "predicted" in out and "error" in out
-    assert "k26-v6-mtp/B1/ctx0" in out and "validation:" in out and "calibration:" in out
-    assert "mechanism the model lacks" in out
+    assert "k26-v6-mtp/B1/ctx0" in out and "calibration:" in out
+    assert "held out, between fitted cells of the same run:" in out
+    assert "held out, runs with no fitted cell:" in out
+    assert "mechanism the model lacks" in out and "kernels (B12X MoE and MLA kernels)" in out
 
 
 @pytest.mark.parametrize("flags", [["--tau", "2.9"], ["--acceptance", "0.7,0.5,0.4"]])
@@ -60,10 +64,36 @@ def test_acceptance_overrides(flags, capsys):
 def test_acceptance_from_an_e2e_run(tmp_path, capsys):
     f = tmp_path / "results.json"
     f.write_text(json.dumps({"schema": "vllm-kimi-ext/e2e-results/1", "runs": [
-        {"id": "eagle", "levels": [{"acceptance": {"per_position": [0.7, 0.45, 0.3],
-                                                   "num_drafts": 50}}]}]}))
+        {"id": "eagle", "speculative_config": {"method": "eagle3",
+                                               "model": "/models/lightseekorg/kimi-k2.5-eagle3"},
+         "levels": [{"acceptance": {"per_position": [0.7, 0.45, 0.3], "num_drafts": 50}}]}]}))
     rc, out, _ = run(["--draft", "lightseek-eagle3", "--acceptance-from", str(f)], capsys)
     assert rc == 0 and "results.json: run eagle, 50 drafts" in out
+    # another draft's acceptance is refused unless the user says so
+    rc, _, err = run(["--draft", "zlab-dflash", "--acceptance-from", str(f)], capsys)
+    assert rc == 2 and "measured draft '/models/lightseekorg/kimi-k2.5-eagle3', not --draft " \
+        "zlab-dflash" in err and "--acceptance-any-draft" in err
+    rc, out, _ = run(["--draft", "zlab-dflash", "--acceptance-from", str(f),
+                      "--acceptance-any-draft"], capsys)
+    assert rc == 0 and "results.json: run eagle" in out
+
+
+def test_json_outputs_are_strict(tmp_path, capsys):
+    for argv in (["--draft", "zlab-dflash"], ["--validate"]):
+        path = tmp_path / "out.json"
+        rc, _, _ = run([*argv, "--json", str(path)], capsys)
+        assert rc == 0
+        text = path.read_text()
+        json.loads(text, parse_constant=lambda c, a=argv: pytest.fail(f"bare {c} in {a}"))
+    # draft bill's payback when fine-tuning gains nothing was a bare Infinity
+    rc = main(["draft", "bill", "--prompts", "1000", "--tau-now", "1.6", "--tau-after", "1.6",
+               "--json"])
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert rc == 0 and doc["compare"]["payback_hours_vs_today"] is None
+    from vllm_kimi_ext.costmodel.cli import strict
+
+    assert json.dumps(strict({"a": float("nan"), "b": [float("inf"), 1.5]})) == \
+        '{"a": null, "b": [null, 1.5]}'
 
 
 def test_a_measured_latency_table_replaces_the_shipped_one(tmp_path, capsys):
@@ -160,3 +190,50 @@ def test_bad_hardware_profile_names_its_field(tmp_path, capsys):
 def test_draft_without_acceptance_asks_for_it(capsys):
     rc, _, err = run(["--draft", "nvidia-eagle3"], capsys)
     assert rc == 2 and "--tau" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# vllm-kimi-ext plan --verify-cost
+# ---------------------------------------------------------------------------------------------
+
+
+VERIFY_FIXTURE = Path(__file__).parent / "fixtures" / "verify_graph_fixture.json"
+
+
+def test_plan_verify_cost_prints_the_priced_tables(capsys):
+    rc, out, _ = run(["--verify-cost", "--verify-report", str(VERIFY_FIXTURE), "--batch", "16"],
+                       capsys)
+    assert rc == 0 and "FIXTURE" in out and "not a measurement of it" in out
+    assert re.search(r"^16 +64 +T=1\.0, top_p 0\.95 ", out, re.M)  # --batch joins 1, 8, 32, 64
+    assert "wins from batch" in out and "batch-sharded vs stock" in out
+
+
+def test_plan_verify_cost_without_a_report_prices_nothing(capsys, tmp_path, monkeypatch):
+    from vllm_kimi_ext.costmodel import verify_cost as vc
+
+    monkeypatch.setattr(vc, "DEFAULT_REPORT", tmp_path / "absent.json")
+    rc, out, _ = run(["--verify-cost"], capsys)
+    assert rc == 0 and out.startswith(vc.NOT_PRICED)
+    assert not re.search(r"\d+ \+ \d+ = \d+", out)
+    assert "wins from" not in out and "wins at" not in out
+
+
+BAD_PLAN = [  # (arguments, words of the one-line error); "{bad}" is a malformed report
+    (["--verify-report", "r.json"], "--verify-report needs --verify-cost"),
+    (["--verify-cost", "--verify-report", "{absent}"], "no such verify-step report"),
+    (["--verify-cost", "--verify-report", "{bad}"], "field 'rounds' must be a positive"),
+    (["--verify-cost", "--verify-report", "{dir}"], "no such verify-step report"),
+    (["--verify-cost", "--batch", "0"], "--batch must be"),
+]
+
+
+@pytest.mark.parametrize("args,words", BAD_PLAN, ids=[" ".join(a) for a, _ in BAD_PLAN])
+def test_plan_verify_cost_refuses_bad_input_in_one_line(args, words, capsys, tmp_path):
+    d = json.loads(VERIFY_FIXTURE.read_text())
+    d["cases"][2]["rounds"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    paths = {"{absent}": str(tmp_path / "absent.json"), "{bad}": str(bad), "{dir}": str(tmp_path)}
+    rc, out, err = run([paths.get(a, a) for a in args], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert words in err and "Traceback" not in err

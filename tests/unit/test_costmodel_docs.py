@@ -36,7 +36,8 @@ def test_what_to_run_carries_the_caveat_and_the_ranking():
     text = (DOCS / "what-to-run.md").read_text()
     assert text.startswith("# What to run on 8x PCIe")
     assert "A model, not a measurement of your box" in text
-    assert text.index("## What-if") < text.index("## Ranking of the levers left")
+    assert text.index("## What-if") < text.index("## Ranking")
+    assert "upper bound, no setting" in text and "What you can set or install today" in text
     assert "UNEXPLAINED" not in (DOCS / "cost-model.md").read_text()
 
 
@@ -48,7 +49,10 @@ def test_check_docs_exit_codes(tmp_path):
 
 
 def test_markdown_report_for_the_bench_session(tmp_path):
-    text = markdown_report(tmp_path, drafts=["lightseek-eagle3"], name="plan")
-    assert "**Recommendation**" in text and "![tokens/s" in text and "**Headline**" in text
+    text = markdown_report(tmp_path, name="plan")
+    assert "**What to run**" in text and "![tokens/s" in text
+    assert "**Why this configuration**" in text and "## Every draft across" in text
     assert (tmp_path / "plan.png").read_bytes().startswith(b"\x89PNG")
     assert (tmp_path / "plan.md").read_text() == text
+    other = markdown_report(tmp_path, drafts=["lightseek-eagle3"], name="other")
+    assert "**Recommendation**" in other and "**What to run**" not in other

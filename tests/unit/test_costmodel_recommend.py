@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_kimi_ext import patch_ids
 from vllm_kimi_ext.costmodel import Acceptance, CostModel, load_draft
 from vllm_kimi_ext.costmodel.acceptance import band_for, from_draft_profile
 from vllm_kimi_ext.costmodel.recommend import (
@@ -61,15 +62,21 @@ def test_stock_only_uses_no_project_feature(cm, lightseek):
             assert (o.plan.placement, o.plan.verifier, o.plan.vocab) == ("tp8", "gather", "full")
 
 
-def test_requirements_are_named_and_classified(cm, lightseek):
+def test_requirements_are_named_and_classified(cm, lightseek, tmp_path, monkeypatch):
+    from vllm_kimi_ext.costmodel import verify_cost
+
+    monkeypatch.setattr(verify_cost, "DEFAULT_REPORT", tmp_path / "absent.json")
     opts = enumerate_options(cm, [lightseek], k_max=2)
     by = {(o.plan.k, o.plan.placement, o.plan.vocab, o.plan.verifier, o.plan.backend): o
           for o in opts}
     assert by[(1, "tp8", "full", "gather", "nccl")].requires == ()
     sharded = by[(1, "tp8", "full", "sharded", "nccl")]
-    assert sharded.buildable and any("top-p" in str(r) for r in sharded.requires)
-    assert any("0006" in str(r) for r in by[(1, "tp1", "full", "gather", "nccl")].requires)
-    assert any("0007" in str(r) for r in by[(1, "tp8-repemb", "full", "gather", "nccl")].requires)
+    # offered only where measured verify steps price it below stock (test_verify_cost.py)
+    assert not sharded.buildable and any("not measured" in str(r) for r in sharded.requires)
+    assert any(patch_ids.ref(*patch_ids.DRAFT_TP1) in str(r)
+               for r in by[(1, "tp1", "full", "gather", "nccl")].requires)
+    assert any(patch_ids.ref("replicate-draft-embedding") in str(r)
+               for r in by[(1, "tp8-repemb", "full", "gather", "nccl")].requires)
     assert any("32K" in str(r) for r in by[(1, "tp8", "reduced", "gather", "nccl")].requires)
     oneshot = by[(0, "tp8", "full", "gather", "custom_oneshot")]
     assert not oneshot.buildable and any("refuses" in str(r) for r in oneshot.requires)
@@ -79,8 +86,9 @@ def test_project_drafts_are_buildable_with_their_patches(cm):
     mtp = load_draft("modular-mtp")
     plan = enumerate_options(cm, [(mtp, Acceptance.from_tau(1.39, 1))], k_max=1)[-1].plan
     req = requirements(cm, plan)
-    assert any("0005" in str(r) for r in req) and all(r.buildable for r in req
-                                                      if "0005" in str(r))
+    mtp_patch = patch_ids.number("kimi-k25-mtp")
+    assert any(mtp_patch in str(r) for r in req) and all(r.buildable for r in req
+                                                         if mtp_patch in str(r))
     dflash = load_draft("zlab-dflash")
     opts = enumerate_options(cm, [(dflash, Acceptance.from_tau(3.7, 7))], k_max=1)
     tp1 = [o for o in opts if o.plan.placement == "tp1"]

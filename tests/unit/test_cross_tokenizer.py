@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from testkit.tokenizers import write_kimi_tokenizer, write_variant
-from vllm_kimi_ext.drafts.cross_tokenizer import (
+from vllm_kimi_ext.drafts.tli.cross_tokenizer import (
     build_intersection,
     expected_acceptance,
     intersection_from_tokenizer_dirs,

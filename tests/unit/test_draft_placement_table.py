@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_kimi_ext.costmodel import placement_table as pt
 from vllm_kimi_ext.costmodel.acceptance import tau_from_constant_rate
-from vllm_kimi_ext.drafts import placement_table as pt
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 DOC = DOCS / pt.DOC_NAME
@@ -13,7 +13,7 @@ DOC = DOCS / pt.DOC_NAME
 
 def test_committed_table_is_up_to_date():
     assert DOC.read_text() == pt.render(), \
-        "regenerate: python -m vllm_kimi_ext.drafts.placement_table --write-docs docs/"
+        "regenerate: python -m vllm_kimi_ext.costmodel.placement_table --write-docs docs/"
     assert pt.main(["--check-docs", str(DOCS)]) == 0
 
 

@@ -20,7 +20,7 @@ from testkit.checkpoints import (
     write_tiny_kimi_k25,
 )
 from vllm_kimi_ext.drafts import cli as drafts_cli
-from vllm_kimi_ext.drafts.doctor import diagnose, effective_aux_layer_ids
+from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose, effective_aux_layer_ids
 
 TARGET = TinyKimiSpec(num_hidden_layers=6)  # default taps (2, 3, 3) are in range
 VOCAB = TARGET.vocab_size

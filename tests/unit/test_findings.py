@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from testkit.tokenizers import write_kimi_tokenizer, write_variant
-from vllm_kimi_ext.drafts.doctor import diagnose
+from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 from vllm_kimi_ext.findings import Finding
 from vllm_kimi_ext.tokenizers import check_tokenizers
 

@@ -1,6 +1,7 @@
-"""The installed package ships the product only, and reads nothing outside itself.
+"""The installed package ships the product only, reads nothing outside itself, and imports
+vLLM only where it is meant to.
 
-Three checks over the AST of every module of ``vllm_kimi_ext`` (nothing is imported):
+Four checks over the AST of every module of ``vllm_kimi_ext`` (nothing is imported):
 
 * **imports**: no product module imports the test kit ``testkit``, the benchmark harness
   ``bench`` or a ``vllm_kimi_ext.testing`` (the test kit's old home, which must not come
@@ -9,6 +10,10 @@ Three checks over the AST of every module of ``vllm_kimi_ext`` (nothing is impor
 * **layers**: no import cycle between the package's parts (a subpackage such as ``comm/``,
   or a top-level module such as ``cli.py``), counting every import, function-level ones
   included;
+* **vLLM imports**: only the modules listed in :data:`VLLM_ALLOWED` (folders or single
+  modules, each with its reason) import ``vllm`` - at module level or inside functions,
+  absolute, or through ``importlib.import_module`` with a literal name; everything else
+  (the draft tools, checkpoints, tokenizers, the cost model) runs without vLLM installed;
 * **paths**: no module computes a path above the package directory from ``__file__``. The
   heuristic counts the levels an expression climbs from the module file: ``.parent`` (+1),
   ``.parents[N]`` (+N+1), ``os.path.dirname(...)`` (+1), ``/ ".."`` or an ``os.path.join``
@@ -29,6 +34,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_kimi_ext"
 FORBIDDEN = ("vllm_kimi_ext.testing", "testkit", "bench")
+#: Where the package may import vLLM: a folder (``name/``) or a module, with the reason.
+#: An entry that matches no module fails the test, so the list stays exact.
+VLLM_ALLOWED: dict[str, str] = {
+    "plugin.py": "the vllm.general_plugins entry point: registers with vLLM",
+    "compat.py": "the pin: what the installed vLLM is and carries",
+    "runtime/": "runtime patches of vLLM classes",
+    "integration/": "vLLM-aware glue: config-time draft check, agreement check, kimi_tli",
+    "verify/": "sharded verification inside vLLM's sampler and model runner",
+    "train/capture.py": "captures the target's hidden states with vLLM's offline LLM",
+    "train/cli.py": "`draft capture` builds vLLM's offline LLM",
+}
 #: Modules still reading outside the package, each with the change that removes it; an entry
 #: that no longer finds anything fails the test, so the list only shrinks.
 KNOWN_PATH_ESCAPES: dict[str, str] = {}
@@ -69,6 +85,24 @@ def forbidden_imports(source: str, rel: Path) -> list[str]:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
             hits.append(f"vllm_kimi_ext/{rel.as_posix()}:{line}: imports {name}")
     return sorted(set(hits))
+
+
+def _matches(entry: str, rel: Path) -> bool:
+    path = rel.as_posix()
+    return path.startswith(entry) if entry.endswith("/") else path == entry
+
+
+def _vllm_allowed(rel: Path) -> bool:
+    return any(_matches(e, rel) for e in VLLM_ALLOWED)
+
+
+def vllm_imports(source: str, rel: Path) -> list[str]:
+    """Every import of vLLM by a module at ``rel`` (package-relative) not allowed one."""
+    if _vllm_allowed(rel):
+        return []
+    return sorted({f"vllm_kimi_ext/{rel.as_posix()}:{line}: imports {name}"
+                   for line, name in _imported_names(ast.parse(source), rel)
+                   if name == "vllm" or name.startswith("vllm.")})
 
 
 def _dotted(node: ast.AST) -> str:
@@ -202,13 +236,48 @@ def test_a_planted_import_cycle_is_found():
     sources = {Path("comm/accounting.py"): "def f():\n    from vllm_kimi_ext import runtime\n",
                Path("runtime/__init__.py"): "from vllm_kimi_ext.comm import accounting\n",
                Path("drafts/cli.py"): "from ..train.cli import register\n",
-               Path("train/trainer.py"): "from vllm_kimi_ext.drafts.doctor import diagnose\n",
+               Path("train/trainer.py"):
+                   "from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose\n",
                Path("cli.py"): "from vllm_kimi_ext.train import cli\n"}
     assert import_cycles(sources) == [
         "comm -> runtime (comm/accounting.py:2); runtime -> comm (runtime/__init__.py:1)",
         "drafts -> train (drafts/cli.py:1); train -> drafts (train/trainer.py:1)"]
     del sources[Path("drafts/cli.py")]
     assert len(import_cycles(sources)) == 1
+
+
+def test_vllm_is_imported_only_where_allowed():
+    hits = [h for rel in _modules() for h in vllm_imports((PACKAGE / rel).read_text(), rel)]
+    assert hits == [], ("vLLM imported outside the allowed folders (move the code to "
+                        "integration/ or runtime/):\n" + "\n".join(hits))
+    unused = [e for e in VLLM_ALLOWED if not any(_matches(e, rel) for rel in _modules())]
+    assert unused == [], f"VLLM_ALLOWED names no module: remove {unused}"
+
+
+@pytest.mark.parametrize("source,rel", [
+    ("from vllm.config import VllmConfig", "drafts/doctor/checks.py"),
+    ("def f():\n    from vllm.distributed import get_tp_group", "checkpoints/m.py"),
+    ("import vllm", "costmodel/model.py"),
+    ("import vllm.envs as e", "drafts/cli.py"),
+    ("from vllm import LLM", "train/trainer.py"),
+    ("import importlib\nimportlib.import_module('vllm.config')", "tokenizers/compare.py"),
+    ("from vllm.config import speculative", "integrationx/m.py"),  # not the allowed folder
+])
+def test_a_planted_vllm_import_is_found(source, rel):
+    assert vllm_imports(source, Path(rel))
+
+
+@pytest.mark.parametrize("source,rel", [
+    ("from vllm.config import VllmConfig", "integration/draft_check.py"),
+    ("from vllm.config import VllmConfig", "runtime/vllm_config.py"),
+    ("def f():\n    import vllm.envs", "plugin.py"),
+    ("from vllm import LLM", "train/capture.py"),
+    ("import vllm_kimi_ext.envs\nimport importlib.util\nimportlib.util.find_spec('vllm')",
+     "compat.py"),  # looking for vLLM is not importing it
+    ("from .vllm_like import x", "drafts/m.py"),  # vllm_kimi_ext.drafts.vllm_like
+])
+def test_allowed_vllm_imports_pass(source, rel):
+    assert vllm_imports(source, Path(rel)) == []
 
 
 def test_no_module_computes_a_path_outside_the_package():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,10 @@ def test_export_round_trips_byte_stable_and_follows_edits(fake_vllm, tmp_path):
     before = {p.name: p.read_bytes() for p in pdir.iterdir()}
     patchset.export_series(fake_vllm, pdir, shipped)
     assert {p.name: p.read_bytes() for p in pdir.iterdir()} == before  # byte-stable
-    # the package's record is the tree's record
-    assert json.loads(shipped.read_text()) == patchset.read_record(fake_vllm)
+    # the package's record is the tree's record, plus each patch's slug
+    package = json.loads(shipped.read_text())
+    assert [e.pop("slug") for e in package["series"]] == ["a-first"]
+    assert package == patchset.read_record(fake_vllm)
     assert not patchset.apply_series(fake_vllm, pdir).changed  # tree still matches
     # edit the fork branch: amend the commit, export, re-apply from scratch
     cfg = fake_vllm / "vllm" / "config.py"
@@ -266,7 +269,8 @@ def test_package_series_record_matches_the_patches_folder():
     record of exactly the series in patches/: regenerate with --export."""
     shipped = json.loads(SHIPPED.read_text())
     entries = patchset.read_series(PATCH_DIR)
-    assert shipped["series"] == [{"name": e.name, "sha256": e.sha256} for e in entries], \
+    assert [{"name": e["name"], "sha256": e["sha256"]} for e in shipped["series"]] == [
+        {"name": e.name, "sha256": e.sha256} for e in entries], \
         "vllm_kimi_ext/series.json is stale: run `nox -s apply-patches -- --export`"
     assert shipped["digest"] == patchset.series_record(entries, {})["digest"]
     assert shipped["vllm_version"] == patchset.VLLM_VERSION
@@ -278,6 +282,47 @@ def test_package_series_record_matches_the_patches_folder():
     assert set(shipped["files"]) == touched
     assert all(re.fullmatch(r"[0-9a-f]{64}", sha) for sha in shipped["files"].values())
     assert compat.expected_record() == shipped  # the installed package data is this file
+
+
+def test_export_keeps_slugs_by_subject_and_derives_new_ones(fake_vllm, tmp_path):
+    """A slug set by hand survives re-export, renumbering (a patch inserted before it) and a
+    reworded subject at the same number; a new patch gets one from its subject."""
+    pdir, shipped = tmp_path / "patches", tmp_path / "series.json"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33"),
+                                    ("[B] second", "line_20 = 20", "line_20 = 2000")])
+    patchset.apply_series(fake_vllm, pdir)
+    patchset.export_series(fake_vllm, pdir, shipped)
+
+    def slugs() -> list[tuple[str, str]]:
+        return [(e["name"][:4], e["slug"]) for e in json.loads(shipped.read_text())["series"]]
+
+    assert slugs() == [("0001", "a-first"), ("0002", "b-second")]
+    record = json.loads(shipped.read_text())
+    record["series"][1]["slug"] = "second-change"  # a maintainer names it
+    shipped.write_text(json.dumps(record, indent=2) + "\n")
+    patchset.export_series(fake_vllm, pdir, shipped)
+    assert slugs() == [("0001", "a-first"), ("0002", "second-change")]
+    # insert a patch before both (renumbers them) and reword the last one's subject
+    _git(fake_vllm, "checkout", "-q", patchset.BASELINE_TAG)
+    _git(fake_vllm, "branch", "-f", "old-fork", patchset.FORK_BRANCH)
+    _git(fake_vllm, "checkout", "-q", "-B", patchset.FORK_BRANCH)
+    cfg = fake_vllm / "vllm" / "config.py"
+    cfg.write_text(cfg.read_text().replace("line_10 = 10", "line_10 = 100"))
+    _git(fake_vllm, "commit", "-q", "-am", "[Z] zeroth")
+    _git(fake_vllm, "cherry-pick", "old-fork~1", "old-fork")
+    patchset.export_series(fake_vllm, pdir, shipped)
+    assert slugs() == [("0001", "z-zeroth"), ("0002", "a-first"), ("0003", "second-change")]
+    _git(fake_vllm, "commit", "-q", "--amend", "-m", "[B] second, reworded")
+    patchset.export_series(fake_vllm, pdir, shipped)
+    assert slugs() == [("0001", "z-zeroth"), ("0002", "a-first"), ("0003", "second-change")]
+    assert patchset.derive_slug("0012-Spec-Decode-Load-DeepSeek-typed-MTP-directories-for-.patch") \
+        == "spec-decode-load-deepseek-typed-mtp-directories-for"
+
+
+def test_slugs_stay_unique():
+    prev = [{"name": "0001-A.patch", "slug": "same"}, {"name": "0002-B.patch", "slug": "same"}]
+    assert patchset.assign_slugs(["0001-A.patch", "0002-B.patch"], prev) == ["same", "same-2"]
+    assert patchset.assign_slugs(["0001-A.patch"], [{"name": 3}, "junk"]) == ["a"]
 
 
 def _series_v1_v2(repo: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -385,3 +430,54 @@ def test_relative_patch_dir_is_resolved_before_git_runs_in_the_tree(fake_vllm, t
     monkeypatch.chdir(tmp_path)
     assert patchset.check_series(fake_vllm, Path("patches"))
     assert patchset.apply_series(fake_vllm, Path("patches")).changed
+
+
+def test_export_author_signs_every_patch_and_still_applies(fake_vllm, tmp_path):
+    pdir = tmp_path / "patches"
+    old_sign_off = "\n\nSigned-off-by: Old Name <old@example.org>"
+    _make_patches(fake_vllm, pdir, [("[A] first" + old_sign_off, "line_3 = 3", "line_3 = 33"),
+                                    ("[B] second", "line_5 = 5", "line_5 = 55")])
+    patchset.apply_series(fake_vllm, pdir)
+    shipped = tmp_path / "series.json"
+    author = patchset.parse_author("  Ada  Lovelace <ada@example.org> ")
+    patchset.export_series(fake_vllm, pdir, shipped, author=author)
+    patches = sorted(pdir.glob("000*.patch"))
+    assert len(patches) == 2
+    for patch in patches:
+        text = patch.read_text()
+        message = text.split("\n---\n", 1)[0]
+        assert "From: Ada Lovelace <ada@example.org>\n" in text
+        assert [ln for ln in message.splitlines() if ln.startswith("Signed-off-by:")] == [
+            "Signed-off-by: Ada Lovelace <ada@example.org>"]
+        assert "old@example.org" not in message
+    before = {p.name: p.read_bytes() for p in pdir.iterdir()}
+    patchset.export_series(fake_vllm, pdir, shipped, author=author)
+    assert {p.name: p.read_bytes() for p in pdir.iterdir()} == before  # byte-stable
+    _git(fake_vllm, "checkout", "-q", "-f", patchset.BASELINE_TAG)
+    patchset.apply_series(fake_vllm, pdir)  # the signed patches still apply
+    log = _git(fake_vllm, "log", "-1", "--format=%an <%ae>%n%B", "HEAD~1")
+    assert log.startswith("Ada Lovelace <ada@example.org>")
+    assert "Signed-off-by: Ada Lovelace <ada@example.org>" in log
+
+
+@pytest.mark.parametrize("bad", ["Ada", "<ada@example.org>", "Ada <ada>", "Ada <a@b> x",
+                                 "Ada <<a@b>>", ""])
+def test_bad_author_is_a_one_line_error(bad):
+    with pytest.raises(PatchSetError, match=r"^--author .*: expected 'Name <email>'$"):
+        patchset.parse_author(bad)
+
+
+def test_default_author_is_git_config_or_a_clear_error(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in ("HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    with pytest.raises(PatchSetError, match="no patch author: pass --author"):
+        patchset.default_author(repo)
+    subprocess.run(["git", "-C", str(repo), "config", "user.name", "Ada Lovelace"], check=True)
+    subprocess.run(["git", "-C", str(repo), "config", "user.email", "ada@example.org"],
+                   check=True)
+    assert patchset.default_author(repo) == "Ada Lovelace <ada@example.org>"

@@ -177,3 +177,22 @@ def test_draft_probs_shard_is_vllms_q_sliced():
     assert torch.allclose(full[2, :10], expect)  # bonus row: last step
     assert torch.allclose(full[3, :10], torch.softmax(values[0, 0, :10], dim=-1))  # greedy: T=1
     assert torch.allclose(full[:, :10].sum(1), torch.ones(5))
+
+
+def test_escalations_and_deferrals_are_counted_on_the_device():
+    """No host read per step: the runner adds each step's escalated rows and stopped
+    requests to a device tensor; ``device_counts`` reads it (the 1000-step log line)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_kimi_ext.verify import vllm_runner
+
+    vllm_runner._state.pop("device", None)
+    assert vllm_runner.device_counts() == {"escalated_rows": 0, "deferred_requests": 0}
+    step = SimpleNamespace(uncertified=torch.tensor([1, 0, 1], dtype=torch.int8),
+                           stopped=torch.tensor([False, True]))
+    vllm_runner._count_on_device(step)
+    vllm_runner._count_on_device(step)
+    assert vllm_runner.device_counts() == {"escalated_rows": 4, "deferred_requests": 2}
+    vllm_runner._state.pop("device", None)

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
-from vllm_kimi_ext.drafts import shrink_vocab as sv
-from vllm_kimi_ext.drafts.shrink_vocab import ShrinkVocabError, shrink_vocab
+from vllm_kimi_ext.drafts.shrink_vocab import shrink as sv
+from vllm_kimi_ext.drafts.shrink_vocab.shrink import ShrinkVocabError, shrink_vocab
 
 TARGET = TinyKimiSpec(num_ranks=1024)
 VOCAB = TARGET.vocab_size  # 1280: bos 1024, eos 1025, pad 1279 in the head's config
@@ -131,7 +131,7 @@ def test_round_trip(head, corpora, tmp_path):
 
 def test_output_passes_doctor(head, corpora, tmp_path):
     from testkit.checkpoints import write_tiny_deepseek_v3
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     target = tmp_path / "target"
     write_tiny_deepseek_v3(target, TARGET)
@@ -329,8 +329,8 @@ def _run_until_mid_write(root: Path, out: Path, *extra: str):
     import time
 
     marker = out.parent / f"{out.name}.marker"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(sv.__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # the repository root first
+        [str(Path(sv.__file__).parents[3]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(marker),
                              *_cli_argv(root, out, *extra)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -389,7 +389,7 @@ def test_stale_directories_of_dead_runs_only_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from vllm_kimi_ext.drafts.output_dir import clean_stale
+    from vllm_kimi_ext.drafts.shrink_vocab.output_dir import clean_stale
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""Index maps for ``kimi_tli`` drafting (vllm_kimi_ext.drafts.tli), built from real
+"""Index maps for ``kimi_tli`` drafting (vllm_kimi_ext.drafts.tli.maps), built from real
 tokenizer files: Kimi-format rank files and Hugging Face tokenizer.json vocabularies."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from testkit.tli_scenarios import write_hf_bytelevel_tokenizer
 from testkit.tokenizers import write_kimi_tokenizer, write_rank_file
-from vllm_kimi_ext.drafts.tli import TLIConfigError, build_tli_maps, project_inputs
+from vllm_kimi_ext.drafts.tli.maps import TLIConfigError, build_tli_maps, project_inputs
 from vllm_kimi_ext.tokenizers.loading import tokenizer_kind, vocab_keys
 
 N = 512
@@ -175,7 +175,7 @@ def test_tli_check_cli(target, reordered_draft, tmp_path, capsys):
 
 
 def test_gather_form_equals_the_reference_scatter(target, reordered_draft):
-    from vllm_kimi_ext.drafts.tli import gather_table, gather_to_target, scatter_to_target
+    from vllm_kimi_ext.drafts.tli.maps import gather_table, gather_to_target, scatter_to_target
 
     maps = build_tli_maps(target, reordered_draft[0])
     table = gather_table(maps.intersection)

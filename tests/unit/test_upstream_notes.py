@@ -2,12 +2,16 @@
 
 For each patch ``patches/vllm-0.34.0/NNNN-<stem>.patch`` in ``series``:
 
-* its note is ``upstream-notes/NNNN-<stem>.md`` (the same stem), with front matter
-  (``id`` = NNNN, ``patch`` = the patch path, ``targets``, ``upstream_status``,
-  ``remove_when``), the PR sections, and numbers in its Test Result;
-* at least one ``tests/<tier>/test_patch_NNNN_*.py`` exists, and the note's Test Plan
+* its note is ``upstream-notes/NNNN-<stem>.md`` (the same stem), written as the body of
+  its vLLM pull request in vLLM's template (``.github/PULL_REQUEST_TEMPLATE.md``: Overview,
+  Claims, Validation, Details, the checklist), with front matter (``id`` = NNNN, ``patch``
+  = the patch path, ``targets``, ``upstream_status``, ``remove_when``, ``depends_on``:
+  ``none`` or earlier patch numbers), a ``Depends on:`` line naming the same patches, and
+  numbers in its Validation;
+* at least one ``tests/<tier>/test_patch_NNNN_*.py`` exists, and the note's Validation
   names every such file;
-* ``upstream-notes/README.md`` has its row, linking the note and those test files.
+* ``upstream-notes/README.md`` has its row, linking the note and those test files, and
+  lists it once under "Order to open", after every patch it depends on.
 
 No numbered note or ``test_patch_NNNN_*`` file exists without a patch, and every link to
 a note from ``README.md`` or ``docs/`` resolves. The checker returns its findings, so the
@@ -28,9 +32,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PATCHES = Path("patches") / f"vllm-{VLLM_VERSION}"
 NOTES = Path("upstream-notes")
 TIERS = ("unit", "vllm", "distributed", "gpu", "canary")
-SECTIONS = ("## Purpose", "## Why not a plugin", "## Design", "## Test Plan",
-            "## Test Result", "## Risks", "## Upgrade risk")
-FRONT = ("id", "patch", "targets", "upstream_status", "remove_when")
+SECTIONS = ("## Overview", "## Claims", "## Validation", "## Details",
+            "<summary> Pull Request Checklist </summary>")
+FRONT = ("id", "patch", "targets", "upstream_status", "remove_when", "depends_on")
+ORDER_HEADING = "## Order to open"
 NUMBERED = re.compile(r"^(\d{4})-")
 NOTE_LINK = re.compile(r"upstream-notes/([^)\s#`]+\.md)")
 
@@ -68,13 +73,14 @@ def _note_findings(root: Path, name: str) -> list[str]:
     if front.get("patch") != f"{PATCHES}/{name}":
         out.append(f"{note}: patch {front.get('patch')!r}, expected '{PATCHES}/{name}'")
     out += [f"{note}: lacks {s!r}" for s in SECTIONS if s not in text]
-    if not re.search(r"\d", _section(text, "Test Result")):
-        out.append(f"{note}: Test Result carries no numbers")
+    validation = _section(text, "Validation")
+    if not re.search(r"\d", validation):
+        out.append(f"{note}: Validation carries no numbers")
+    out += _depends_findings(note, num, front.get("depends_on", ""), text)
     tests = patch_test_files(root, num)
     if not tests:
         out.append(f"{name}: no test file tests/<tier>/test_patch_{num}_*.py")
-    plan = _section(text, "Test Plan")
-    out += [f"{note}: Test Plan does not name {t}" for t in tests if str(t) not in plan]
+    out += [f"{note}: Validation does not name {t}" for t in tests if str(t) not in validation]
     index = (root / NOTES / "README.md").read_text()
     row = re.search(rf"^\| {num} \|.*\]\({re.escape(note.name)}\).*$", index, re.M)
     if not row:
@@ -85,10 +91,51 @@ def _note_findings(root: Path, name: str) -> list[str]:
     return out
 
 
+def _depends(field: str) -> list[str]:
+    return [] if field.strip() == "none" else [d.strip() for d in field.split(",")]
+
+
+def _depends_findings(note: Path, num: str, field: str, text: str) -> list[str]:
+    deps = _depends(field)
+    out = [f"{note}: depends_on {d!r} is not an earlier patch number" for d in deps
+           if not (re.fullmatch(r"\d{4}", d) and d < num)]
+    line = re.search(r"^Depends on: (.*)$", text, re.M)
+    if not line:
+        return [*out, f"{note}: no 'Depends on:' line"]
+    named = re.findall(r"\b(\d{4})\b", line.group(1))
+    if named != deps:
+        out.append(f"{note}: 'Depends on:' names {named}, front matter {deps}")
+    return out
+
+
+def _order_findings(root: Path, names: list[str]) -> list[str]:
+    """README's "Order to open" lists every patch once, each after its dependencies."""
+    index = (root / NOTES / "README.md").read_text()
+    if ORDER_HEADING not in index:
+        return [f"{NOTES}/README.md: no {ORDER_HEADING!r} section"]
+    block = index.split(ORDER_HEADING, 1)[1].split("\n## ", 1)[0]
+    order = re.findall(r"^\d+\. (\d{4})\b", block, re.M)
+    numbers = [n.split("-", 1)[0] for n in names]
+    if sorted(order) != sorted(numbers):
+        return [f"{NOTES}/README.md: {ORDER_HEADING!r} lists {order}, expected each of "
+                f"{numbers} once"]
+    out = []
+    for name in names:
+        num = name.split("-", 1)[0]
+        front = _front_matter((root / NOTES / (name.removesuffix(".patch") + ".md"))
+                              .read_text()) or {}
+        out += [f"{NOTES}/README.md: {num} is listed before {dep}, which it depends on"
+                for dep in _depends(front.get("depends_on", "none"))
+                if dep in order and order.index(dep) > order.index(num)]
+    return out
+
+
 def check_series_notes(root: Path) -> list[str]:
     """Every rule of the module docstring, as a list of findings (empty: clean)."""
     names = [e.name for e in read_series(root / PATCHES)]
     findings = [f for name in names for f in _note_findings(root, name)]
+    if not findings:
+        findings += _order_findings(root, names)
     expected_notes = {name.removesuffix(".patch") + ".md" for name in names}
     numbers = {name.split("-", 1)[0] for name in names}
     for note in sorted((root / NOTES).glob("*.md")):
@@ -158,12 +205,12 @@ def test_missing_per_patch_test_file_is_found(mirror):
         f"{name}: no test file tests/<tier>/test_patch_{num}_*.py"]
 
 
-def test_test_file_not_named_in_the_test_plan_or_index_is_found(mirror):
+def test_test_file_not_named_in_the_validation_or_index_is_found(mirror):
     num, _, note = _first(mirror)
     extra = Path("tests") / "unit" / f"test_patch_{num}_extra.py"
     (mirror / extra).write_text("")
     assert check_series_notes(mirror) == [
-        f"{note.relative_to(mirror)}: Test Plan does not name {extra}",
+        f"{note.relative_to(mirror)}: Validation does not name {extra}",
         f"{NOTES}/README.md: row {num} does not link ../{extra}"]
 
 
@@ -183,7 +230,7 @@ def test_orphan_test_file_index_row_and_dangling_link_are_found(mirror):
 # ---- runtime patches (vllm_kimi_ext/runtime/): notes R01, R02, ... ----------------
 RUNTIME_SECTIONS = ("## Purpose", "## Why not upstream yet", "## Design", "## Test Plan",
                     "## Test Result", "## Risks", "## Upgrade risk")
-RUNTIME_FRONT = FRONT + ("upstream_pr",)
+RUNTIME_FRONT = ("id", "patch", "targets", "upstream_status", "remove_when", "upstream_pr")
 
 
 def _runtime_notes() -> dict[str, tuple[str, dict[str, str], str]]:
@@ -227,3 +274,34 @@ def test_no_orphan_runtime_notes():
                 for d in runtime.declared_patches()}
     for key, (name, _, _) in _runtime_notes().items():
         assert key in declared, f"{name} names {key}, which is no runtime patch"
+
+
+def _note_of(root: Path, num: str) -> Path:
+    (note,) = (root / NOTES).glob(f"{num}-*.md")
+    return note
+
+
+def test_depends_on_line_disagreeing_with_front_matter_is_found(mirror):
+    note = _note_of(mirror, "0012")
+    text = note.read_text()
+    line = re.search(r"^Depends on: .*$", text, re.M).group(0)
+    note.write_text(text.replace(line, "Depends on: 0001 (something)"))
+    assert any("'Depends on:' names ['0001']" in f for f in check_series_notes(mirror))
+
+
+def test_pr_opened_before_its_dependency_is_found(mirror):
+    index = mirror / NOTES / "README.md"
+    text = index.read_text()
+    six = re.search(r"^(\d+)\. (0006 .*)$", text, re.M)
+    eight = re.search(r"^(\d+)\. (0008 .*)$", text, re.M)
+    text = text.replace(six.group(0), f"{six.group(1)}. {eight.group(2)}")
+    text = text.replace(eight.group(0), f"{eight.group(1)}. {six.group(2)}")
+    index.write_text(text)
+    found = check_series_notes(mirror)
+    assert "upstream-notes/README.md: 0008 is listed before 0006, which it depends on" in found
+
+
+def test_note_without_the_pr_template_sections_is_found(mirror):
+    note = _note_of(mirror, "0002")
+    note.write_text(note.read_text().replace("## Claims", "## Results"))
+    assert f"{NOTES}/{note.name}: lacks '## Claims'" in check_series_notes(mirror)

@@ -34,7 +34,7 @@ def test_patch_checks_only_unsharded_drafts(monkeypatch):
 
     import torch
 
-    from vllm_kimi_ext.drafts import agreement
+    from vllm_kimi_ext.integration import draft_agreement as agreement
     from vllm_kimi_ext.runtime.target_dependent_ar_speculator import (
         TargetDependentARSpeculatorAgreementCheck as Check,
     )
@@ -53,7 +53,7 @@ def test_patch_checks_only_unsharded_drafts(monkeypatch):
 def test_single_rank_is_a_no_op():
     import torch
 
-    from vllm_kimi_ext.drafts.agreement import check_draft_agreement
+    from vllm_kimi_ext.integration.draft_agreement import check_draft_agreement
 
     check_draft_agreement(torch.tensor([[1, 2, 3]]))  # TP=1: nothing to compare
 

@@ -1,4 +1,4 @@
-"""The plugin's configuration-time draft check (`drafts.hook`) inside vLLM.
+"""The plugin's configuration-time draft check (`integration.draft_check`) inside vLLM.
 
 Runs on stock and patched vLLM alike: the check is a runtime patch of
 `VllmConfig._limit_max_model_len_to_draft` (`runtime/vllm_config.py`), applied and
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture
 def hook():
     from vllm_kimi_ext import runtime
-    from vllm_kimi_ext.drafts import hook as hook_mod
+    from vllm_kimi_ext.integration import draft_check as hook_mod
     from vllm_kimi_ext.runtime.vllm_config import VllmConfigDraftCheck
 
     assert runtime.install(VllmConfigDraftCheck) == ["VllmConfigDraftCheck"]
@@ -59,7 +59,7 @@ def test_hook_warns_about_context_cap_and_names_requested_length(hook, tiny_kimi
 
 def test_check_speculative_config_ignores_runs_without_drafts(tiny_kimi_dir):
     from testkit.vllm_cpu import make_vllm_config
-    from vllm_kimi_ext.drafts.hook import check_speculative_config
+    from vllm_kimi_ext.integration.draft_check import check_speculative_config
 
     check_speculative_config(make_vllm_config(tiny_kimi_dir))  # no speculative config
 

@@ -74,7 +74,7 @@ def test_int4_mtp_loads_with_the_targets_quantization(tmp_path, emulated_wna16_b
     from safetensors.torch import load_file
 
     from testkit.vllm_cpu import load_model
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     written = write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True, int4_experts=True)
     assert not [f.code for f in diagnose(tmp_path, tmp_path, method="mtp").findings
@@ -144,7 +144,7 @@ def _unquantize_mtp_experts(path):
 def test_unquantized_mtp_under_int4_config_is_named_before_loading(
         tmp_path, emulated_wna16_backend):
     from testkit.vllm_cpu import load_model
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True, int4_experts=True)
     _unquantize_mtp_experts(tmp_path)
@@ -171,7 +171,7 @@ def test_unquantized_mtp_under_int4_config_is_named_before_loading(
 def test_doctor_quantization_decision_matches_vllm(tmp_path, emulated_wna16_backend,
                                                    extra_ignore, expect_quantized):
     from testkit.vllm_cpu import cpu_config_without_triton_cpu
-    from vllm_kimi_ext.drafts.doctor import mtp_experts_quantized
+    from vllm_kimi_ext.drafts.doctor.diagnosis import mtp_experts_quantized
 
     write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True)
     cfg_json = json.loads((tmp_path / "config.json").read_text())

@@ -57,7 +57,7 @@ def test_deepseek_typed_mtp_dir_loads_for_kimi_target(target, tmp_path, model_ty
         load_checked_kimi_mtp,
         make_vllm_config,
     )
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     mtp_dir = tmp_path / "mtp"
     keep = _mtp_only_dir(mtp_dir, model_type)

@@ -83,31 +83,35 @@ def _case(temps, top_p, probabilistic, seed=0):
         expanded_idx_mapping=torch.repeat_interleave(slots, K + 1),
         expanded_local_pos=torch.arange(K + 1).repeat(n), cu_num_logits=cu,
         idx_mapping=slots, idx_mapping_np=slots.numpy(), seq_lens=None)
+    params = {s: {"temperature": t, "top_p": top_p} for s, t in zip(slots.tolist(), temps)}
     return SimpleNamespace(logits=logits, drafts=drafts, states=states, batch=batch,
+                           params=params,
                            cache=cache, q_full=q_full, temps=temps, top_p=top_p,
                            seeds=seeds[slots], positions=positions)
 
 
 def _run(case, tp):
     from testkit.verify_simulate import run_ranks, shard_columns
-    from vllm_kimi_ext.verify import VocabShardedVerifier
-    from vllm_kimi_ext.verify.vllm_runner import sharded_sample
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+    from vllm_kimi_ext.verify.vllm_runner import _PARAMS_ATTR, _Eager, sharded_sample
 
     shards = shard_columns(case.logits, tp, V)
     cache = None if case.cache is None else SimpleNamespace(values=case.cache, row_mapping=None)
 
     def rank_fn(rank, all_gather):
+        sampler = SimpleNamespace(
+            sampling_states=case.states,
+            req_states=SimpleNamespace(prefill_len=SimpleNamespace(gpu=torch.zeros(8))))
+        setattr(sampler, _PARAMS_ATTR, case.params)
         runner = SimpleNamespace(
-            sampler=SimpleNamespace(
-                sampling_states=case.states,
-                req_states=SimpleNamespace(prefill_len=SimpleNamespace(gpu=torch.zeros(8)))),
+            sampler=sampler,
             model=SimpleNamespace(compute_logits_local=lambda h: shards[rank][:h.shape[0]]),
             rejection_sampler=SimpleNamespace(num_speculative_steps=K),
             speculator=SimpleNamespace(draft_logits=cache))
         made = []
 
         def make_verifier(width):
-            made.append(VocabShardedVerifier(V, tp, rank, all_gather, shard_width=width))
+            made.append(_Eager(GraphVerifyStep(V, tp, rank, all_gather, shard_width=width)))
             return made[-1]
 
         out = sharded_sample(runner, case.logits, case.batch, make_verifier)
@@ -149,10 +153,13 @@ def test_sharded_sample_matches_reference(torch_helpers, name, tp):
         assert num_sampled.tolist() == ref.num_sampled.tolist()
         assert (num_sampled + num_rejected).tolist() == [K + 1] * n
         assert out.logprobs_tensors is None
-        names = [c.name for c in plan.collectives]
-        assert names[0] == ("threshold" if top_p < 1 else "stats")
-        assert ("residual" in names) == probabilistic
-        assert len(group.calls[rank]) == len(names)  # what was sent is what was planned
+        names = [c.name for c in plan.rounds]
+        assert names[0] == ("stats" if plan.stats_only else "stats+candidates")
+        assert ("escalation" in names) == (top_p < 1)
+        # the residual round: probabilistic drafts on sampling rows without a cut
+        assert ("residual" in names) == (probabilistic and top_p == 1)
+        # what was sent is what was planned
+        assert [s for s, _ in group.calls[rank]] == [(c.rows, c.width) for c in plan.rounds]
     if name == "greedy_and_temperature":
         assert ref.num_sampled[0] == K + 1  # greedy request drafted the argmax
     if probabilistic:  # both outcomes occur: accepted sampled drafts and rejections

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,7 +73,7 @@ def test_configures_with_another_vocabulary_where_draft_model_is_refused(dirs):
     # loaded as the model it is (patch 0010), not rewritten into an MTP head
     assert spec.draft_model_config.architectures == ["DeepseekV3ForCausalLM"]
     # the plugin's draft_model tokenizer gate leaves a registered method alone
-    from vllm_kimi_ext.drafts.hook import check_speculative_config
+    from vllm_kimi_ext.integration.draft_check import check_speculative_config
 
     check_speculative_config(cfg)
 
@@ -172,7 +173,7 @@ def test_verification_with_the_speculators_q_is_lossless(built):
 
     from testkit.verify_equivalence import chi_square
     from testkit.vllm_cpu import compute_logits, run_forward
-    from vllm_kimi_ext.drafts.cross_tokenizer import rejection_step, sample_categorical
+    from vllm_kimi_ext.drafts.tli.cross_tokenizer import rejection_step, sample_categorical
 
     cfg, spec, target_model = built
     maps = spec.tli_maps
@@ -222,8 +223,10 @@ def test_vllm_gumbel_sampler_draws_the_tli_distribution(dirs, tmp_path):
         from testkit.tli_scenarios import gumbel_check
         print("RESULT" + json.dumps(gumbel_check({str(target_dir)!r}, {str(draft.path)!r})))
     """)
+    repo = str(Path(__file__).resolve().parents[2])  # testkit is not installed
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "VLLM_TARGET_DEVICE": "cpu"}
+           "VLLM_TARGET_DEVICE": "cpu",
+           "PYTHONPATH": os.pathsep.join([repo, *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=600, cwd=tmp_path)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)

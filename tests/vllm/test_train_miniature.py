@@ -74,7 +74,7 @@ def test_miniature_trains_exports_passes_doctor_and_loads_in_vllm(
     from safetensors.torch import load_file
 
     from testkit.vllm_cpu import load_model, make_vllm_config
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
     from vllm_kimi_ext.train.trainer import TrainConfig, train
 
     _, target = tiny_target

@@ -19,7 +19,7 @@ def test_small_scale_chain(tmp_path):
 
     from bench.train_smallscale import Sizes, run
     from testkit.vllm_cpu import load_model, make_vllm_config
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     sizes = Sizes(generic=4, traffic_gsm8k=3, traffic_humaneval=3, heldout=2, max_tokens=24,
                   draft_vocab=4096, generic_epochs=3, traffic_epochs=3, max_len=128)

@@ -303,3 +303,22 @@ def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]
     rates = [x / drafts for x in sums]
     return (Acceptance.from_per_position(rates, f"{path.name}: run {run.get('id')}, "
                                          f"{drafts} drafts"), str(run.get("id")))
+
+
+def results_draft(path, run_id: str) -> str | None:
+    """The draft model (``speculative_config.model``) the run ``run_id`` of an e2e
+    ``results.json`` measured, or None when it records none. Call after
+    :func:`from_results_json` has accepted the file."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    for r in doc.get("runs") or []:
+        if isinstance(r, dict) and str(r.get("id")) == run_id:
+            spec = r.get("speculative_config")
+            model = spec.get("model") if isinstance(spec, dict) else None
+            return model if isinstance(model, str) and model else None
+    return None
+
+
+def same_draft(measured: str, checkpoint: str) -> bool:
+    """Whether a run's draft model (a hub id or a local path) is the profile's checkpoint."""
+    m, c = measured.rstrip("/"), checkpoint.rstrip("/")
+    return bool(c) and (m == c or m.endswith("/" + c) or m.lower() == c.lower())

@@ -40,9 +40,16 @@ from vllm_kimi_ext.costmodel.model import CostModel, Plan, prior_params
 from vllm_kimi_ext.costmodel.params import BOUNDS, FITTED, CalibParams
 
 SPLITS = ("calibration", "validation")
-#: Error within which a point counts as reproduced; a point beyond it must name the
-#: mechanism the model lacks (``model_lacks`` of its run).
+#: Held-out points, split by how far they are from the fit: between fitted cells of the same
+#: run (interpolation within a run the fit saw) or from a run with no fitted cell at all.
+HELD_OUT = ("between fitted cells of the same run", "runs with no fitted cell")
+#: Error within which a point counts as reproduced; a point beyond it must name, in its run's
+#: ``model_lacks``, a concrete difference the profile records (:data:`DIFFERENCES`).
 ERROR_BOUND = 0.10
+#: What a run records and a miss may name: its software image (``engine``), its kernels
+#: (``kernels``) and its host (its source's ``topology``). A miss is explained only when its
+#: run's recorded value differs from that of at least one run with fitted cells.
+DIFFERENCES = ("image", "kernels", "host")
 #: Parameters fitted by default: all but the kernel gap, which at every measured point
 #: trades off one for one against the bandwidth fraction and the fixed overheads.
 FIT_DEFAULT = tuple(n for n in FITTED if n != "kernel_gap_us")
@@ -66,8 +73,15 @@ class CalibrationPoint:
     batch: int
     context: int
     tokens_per_s: float
-    model_lacks: str = ""
+    model_lacks: str = ""  # the mechanism the model lacks, in words
+    difference: str = ""  # which recorded difference it names (one of DIFFERENCES)
+    kernels: str = ""
     allreduce_policy: dict[str, Any] | None = None  # the run's custom all-reduce cutoffs
+
+    def recorded(self, what: str) -> str:
+        """The run's recorded image, kernels or host."""
+        return {"image": self.engine, "kernels": self.kernels,
+                "host": str(self.source.get("topology", ""))}[what]
 
     @property
     def label(self) -> str:
@@ -94,6 +108,7 @@ def _run_points(run: dict[str, Any], where: str, sources: dict[str, Any]
                             f"{rid} (measured)")
         except ValueError as exc:
             raise ProfileError(f"{where}: field 'acceptance': {exc}") from None
+    lacks, difference = _model_lacks(run.get("model_lacks"), where)
     out = []
     for i, p in enumerate(require(run, "points", list, where, "a list of points")):
         pw = f"{where}: field 'points[{i}]'"
@@ -115,9 +130,28 @@ def _run_points(run: dict[str, Any], where: str, sources: dict[str, Any]
             kv_cache_dtype_bytes=require(run, "kv_cache_dtype_bytes", (int, float), where,
                                          positive=True),
             draft=draft if k else None, k=k, acceptance=acc, batch=b, context=ctx,
-            tokens_per_s=float(tps), model_lacks=run.get("model_lacks", ""),
-            allreduce_policy=run.get("allreduce_policy")))
+            tokens_per_s=float(tps), model_lacks=lacks, difference=difference,
+            kernels=str(run.get("kernels", "")), allreduce_policy=run.get("allreduce_policy")))
     return out
+
+
+def _model_lacks(value: Any, where: str) -> tuple[str, str]:
+    """(why, difference) of a run's ``model_lacks``: an object naming one of
+    :data:`DIFFERENCES` and saying why. A bare string is kept as text but explains nothing."""
+    if value is None:
+        return "", ""
+    if isinstance(value, str):
+        return value, ""
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: field 'model_lacks' must be an object "
+                           "{\"difference\": ..., \"why\": ...}")
+    diff, why = value.get("difference"), value.get("why")
+    if diff not in DIFFERENCES:
+        raise ProfileError(f"{where}: field 'model_lacks.difference' must be one of "
+                           f"{', '.join(DIFFERENCES)}, got {diff!r}")
+    if not isinstance(why, str) or not why.strip():
+        raise ProfileError(f"{where}: field 'model_lacks.why' must be a non-empty string")
+    return why, diff
 
 
 def load_points(hw: HardwareProfile) -> list[CalibrationPoint]:
@@ -217,21 +251,55 @@ class ValidationReport:
     def split(self, name: str) -> list[Row]:
         return [r for r in self.rows if r.point.split == name]
 
+    @property
+    def fitted_runs(self) -> set[str]:
+        """Runs with at least one calibration (fitted) point."""
+        return {r.point.run for r in self.split("calibration")}
+
+    def held_out(self, group: str) -> list[Row]:
+        """Validation points of one :data:`HELD_OUT` group."""
+        between = group == HELD_OUT[0]
+        if group not in HELD_OUT:
+            raise ValueError(f"group must be one of {HELD_OUT}, not {group!r}")
+        return [r for r in self.split("validation")
+                if (r.point.run in self.fitted_runs) == between]
+
+    def groups(self) -> dict[str, list[Row]]:
+        """Calibration points, then the two held-out groups."""
+        return {"calibration": self.split("calibration"),
+                **{f"held out, {g}": self.held_out(g) for g in HELD_OUT}}
+
     def max_error(self, split: str | None = None) -> float:
         rows = self.rows if split is None else self.split(split)
         return max((abs(r.error) for r in rows), default=0.0)
 
     def mean_abs_error(self, split: str) -> float:
         rows = self.split(split)
-        return sum(abs(r.error) for r in rows) / len(rows) if rows else 0.0
+        return mean_abs(rows)
 
     @property
     def misses(self) -> list[Row]:
         return [r for r in self.rows if not r.within_bound]
 
+    def why_unexplained(self, row: Row) -> str | None:
+        """None when a miss names a recorded difference from the fitted runs; else why not."""
+        p = row.point
+        if not p.difference:
+            return ("names no recorded difference (model_lacks.difference: one of "
+                    f"{', '.join(DIFFERENCES)})" if p.model_lacks else "no mechanism named")
+        mine = p.recorded(p.difference)
+        if not mine:
+            return f"names its {p.difference}, which the run does not record"
+        others = {r.point.recorded(p.difference) for r in self.split("calibration")
+                  if r.point.run != p.run}
+        if others <= {mine}:
+            return (f"names its {p.difference}, but every other fitted run recorded the same "
+                    f"({mine})")
+        return None
+
     @property
     def unexplained_misses(self) -> list[Row]:
-        return [r for r in self.misses if not r.point.model_lacks]
+        return [r for r in self.misses if self.why_unexplained(r) is not None]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -239,18 +307,35 @@ class ValidationReport:
             "params": self.params.to_dict(),
             "error_bound": ERROR_BOUND,
             "rows": [{"id": r.point.id, "split": r.point.split,
+                      "held_out_group": (None if r.point.split == "calibration" else
+                                         HELD_OUT[r.point.run not in self.fitted_runs]),
                       "measured_tokens_per_s": r.point.tokens_per_s,
                       "predicted_tokens_per_s": r.predicted, "error": r.error,
-                      "source": r.point.source_id, "model_lacks": r.point.model_lacks or None}
+                      "source": r.point.source_id,
+                      "model_lacks": r.point.model_lacks or None,
+                      "difference": r.point.difference or None,
+                      "unexplained": (self.why_unexplained(r) if not r.within_bound
+                                      else None)}
                      for r in self.rows],
             "max_error": {s: self.max_error(s) for s in SPLITS},
             "mean_abs_error": {s: self.mean_abs_error(s) for s in SPLITS},
+            "groups": {g: {"points": len(rows), "mean_abs_error": mean_abs(rows),
+                           "max_abs_error": max((abs(r.error) for r in rows), default=0.0)}
+                       for g, rows in self.groups().items()},
         }
+
+
+def mean_abs(rows: list[Row]) -> float:
+    return sum(abs(r.error) for r in rows) / len(rows) if rows else 0.0
 
 
 def validate(cm: CostModel, points: list[CalibrationPoint] | None = None) -> ValidationReport:
     """Measured against predicted at every point, with ``cm``'s (committed) parameters."""
     points = load_points(cm.hw) if points is None else points
+    if not any(p.split == "calibration" for p in points):
+        raise ProfileError(f"{cm.hw.where or f'hardware profile {cm.hw.name!r}'}: field "
+                           "'calibration.runs' has no point with split 'calibration': nothing "
+                           "to validate against")
     pred = _Predictor(cm)
     rows = tuple(Row(p, pred(cm.params, p)) for p in points)
     return ValidationReport(cm.hw.name, cm.params, rows)

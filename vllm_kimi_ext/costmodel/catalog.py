@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext import patch_ids
+from vllm_kimi_ext.patchset import PatchSetError
 from vllm_kimi_ext.user_input import UserInputError
 
 KINDS = ("models", "hardware", "latency", "drafts")
@@ -93,8 +95,24 @@ def load_raw(kind: str, name_or_path: str | Path, with_location: bool = False):
             raise UnknownProfileError(kind, text, valid)
         where = f"profiles/{kind}/{text}.json"
         raw = _profile_dir(kind).joinpath(text + ".json").read_text(encoding="utf-8")
-    doc = _parse(raw, where)
+    doc = _render_patch_refs(_parse(raw, where), where)
     return (doc, where) if with_location else doc
+
+
+def _render_patch_refs(value: Any, where: str, field: str = "") -> Any:
+    """``value`` with the ``{patch:SLUG}`` placeholders of its strings rendered as patch
+    numbers of the shipped series (:func:`vllm_kimi_ext.patch_ids.render`)."""
+    if isinstance(value, dict):
+        return {k: _render_patch_refs(v, where, f"{field}.{k}" if field else k)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render_patch_refs(v, where, f"{field}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str) and "{patch:" in value:
+        try:
+            return patch_ids.render(value)
+        except PatchSetError as exc:
+            raise ProfileError(f"{where}: field {field!r}: {exc}") from None
+    return value
 
 
 def require(doc: dict[str, Any], field: str, kind: type | tuple, where: str,
@@ -313,6 +331,7 @@ class HardwareProfile:
     calibration: dict[str, Any]
     assumptions: tuple[str, ...] = ()
     raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
+    where: str = dataclasses.field(default="", compare=False)  # the file, for error lines
 
     def with_overrides(self, **changes: Any) -> HardwareProfile:
         """A copy with some fields replaced (what-if studies and tests)."""
@@ -337,10 +356,10 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
         raise ProfileError(f"{where}: field 'backends' must include 'nccl'")
     require(d, "calibration", dict, where, "an object")
     fields = {f.name for f in dataclasses.fields(HardwareProfile)} - {"raw", "assumptions",
-                                                                       "description"}
+                                                                       "description", "where"}
     return HardwareProfile(**{k: d[k] for k in fields if k in d},
                            description=d.get("description", ""),
-                           assumptions=tuple(d.get("assumptions", ())), raw=d)
+                           assumptions=tuple(d.get("assumptions", ())), raw=d, where=where)
 
 
 # ---------------------------------------------------------------------------------------------

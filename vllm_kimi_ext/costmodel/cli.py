@@ -93,6 +93,10 @@ def register(subparsers) -> None:
                      help="per-position acceptance of a bench/e2e/runner.py results.json")
     p.add_argument("--acceptance-run", default=None,
                    help="with --acceptance-from: the run id when the file holds several")
+    p.add_argument("--acceptance-any-draft", action="store_true",
+                   help="with --acceptance-from: apply the run's acceptance even to a --draft "
+                   "other than the draft it measured (refused otherwise: acceptance belongs "
+                   "to one draft on one target)")
     p.add_argument("--tau-k", type=_int("--tau-k", 1, 15), default=None,
                    help="draft tokens at which --tau was measured (default: the draft's "
                    "reference k, else 3)")
@@ -121,6 +125,14 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path,
                    help="write a plot of tokens/s against k (.png, .svg or .pdf)")
     p.add_argument("--json", type=Path, help="write the recommendation and all rows as JSON")
+    p.add_argument("--verify-cost", action="store_true",
+                   help="print the verify step of stock vLLM, the vocabulary-sharded verifier "
+                   "and vLLM's --enable-batch-sharded-sampling at batch 1, 8, 32, 64 (and "
+                   "--batch) with Kimi's sampling, priced from the measured per-rank report "
+                   "('not measured: not priced' without it), and from which batch each wins")
+    p.add_argument("--verify-report", type=Path, metavar="REPORT_JSON",
+                   help="with --verify-cost: the measured report to price from (default: the "
+                   "package's copy of bench/reports/verify_graph_vs_vllm_h200.json)")
     p.set_defaults(func=run_plan)
 
     def one_line_error(message: str):  # argparse's usage dump would bury the reason
@@ -201,13 +213,15 @@ def resolve_acceptances(args, drafts):
         Acceptance,
         from_draft_profile,
         from_results_json,
+        results_draft,
     )
 
     if args.acceptance_from is not None:
         try:
-            shared, _ = from_results_json(args.acceptance_from, args.acceptance_run)
+            shared, run_id = from_results_json(args.acceptance_from, args.acceptance_run)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        check_measured_draft(args, drafts, results_draft(args.acceptance_from, run_id), run_id)
     out = []
     for d in drafts:
         if args.acceptance:
@@ -232,11 +246,37 @@ def resolve_acceptances(args, drafts):
     return out
 
 
+def check_measured_draft(args, drafts, measured: str | None, run_id: str) -> None:
+    """--acceptance-from applies one run's acceptance: refuse it for any other draft unless
+    --acceptance-any-draft says so."""
+    from vllm_kimi_ext.costmodel.acceptance import same_draft
+
+    if args.acceptance_any_draft:
+        return
+    where = f"--acceptance-from {args.acceptance_from}: run {run_id!r}"
+    if not args.draft:
+        raise UsageError(f"{where}: name the draft the run measured with --draft (its "
+                         "acceptance applies to that draft only)")
+    if measured is None:
+        raise UsageError(f"{where} records no draft model (field "
+                         "'speculative_config.model'); pass --acceptance-any-draft to apply it "
+                         f"to --draft {', '.join(d.name for d in drafts)} anyway")
+    other = [d for d in drafts if not same_draft(measured, d.checkpoint)]
+    if other:
+        d = other[0]
+        raise UsageError(f"{where} measured draft {measured!r}, not --draft {d.name} "
+                         f"({d.checkpoint or 'no checkpoint'}); name that draft with --draft, "
+                         "or pass --acceptance-any-draft to apply it anyway")
+
+
 def _check_args(args) -> None:
     if args.tau_k is not None and args.tau is None:
         raise UsageError("--tau-k needs --tau")
     if args.acceptance_run is not None and args.acceptance_from is None:
         raise UsageError("--acceptance-run needs --acceptance-from")
+    if args.acceptance_any_draft and args.acceptance_from is None:
+        raise UsageError("--acceptance-any-draft needs --acceptance-from")
+
     check_output_path("--out", args.out, PLOT_SUFFIXES)
     check_output_path("--json", args.json, (".json",))
 
@@ -247,9 +287,25 @@ def run_plan(args) -> int:
         print(list_profiles_text())
         return EXIT_OK
     _check_args(args)
+    if args.verify_report is not None and not args.verify_cost:
+        raise UsageError("--verify-report needs --verify-cost")
     if args.validate:
         return _run_validate(args)
+    if args.verify_cost:
+        return _run_verify_cost(args)
     return _run(args)
+
+
+def _run_verify_cost(args) -> int:
+    from vllm_kimi_ext.costmodel import verify_cost
+    from vllm_kimi_ext.costmodel.verify_report import BATCHES, verify_text
+
+    cm, _ = _build(args)
+    meas = (verify_cost.load_report(args.verify_report) if args.verify_report is not None
+            else verify_cost.measurements())
+    batches = BATCHES if args.batch in BATCHES else tuple(sorted((*BATCHES, args.batch)))
+    print(verify_text(cm, meas, batches))
+    return EXIT_OK
 
 
 def _build(args):
@@ -319,6 +375,10 @@ def _print_plan(args, cm, rec, drafts_acc) -> None:
     print()
     for line in rec.explanation:
         print(f"- {line}")
+    if rec.best.plan.speculative:
+        from vllm_kimi_ext.costmodel.headline import public_status
+
+        print(f"- Public runs: {public_status(rec.best.plan)}")
     for line in rec.caveats:
         print(f"! {line}")
 
@@ -350,8 +410,7 @@ def _run_validate(args) -> int:
     rep = validate(cm)
     print(format_validation(rep))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rep.to_dict(), indent=1) + "\n")
+        write_json(args.json, rep.to_dict())
         print(f"json: {args.json}")
     if args.out:
         from vllm_kimi_ext.costmodel.plot import plot_validation
@@ -373,6 +432,28 @@ def _write_json(args, cm, rec, drafts_acc) -> None:
         "rows": [{**o.estimate.to_dict(), "requires": [str(r) for r in o.requires]}
                  for o in rec.options],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(args.json, doc)
     print(f"json: {args.json}")
+
+
+def strict(value):
+    """``value`` with every non-finite float made None, so JSON has no NaN or Infinity."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+def write_json(path: Path, doc) -> None:
+    """Strict JSON (``allow_nan=False``), written to a temporary file beside ``path`` and
+    renamed into place: an interrupted run leaves the old file."""
+    text = json.dumps(strict(doc), indent=1, allow_nan=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -10,11 +10,11 @@ Placements (``Plan.placement``):
   each forward reads 1/TP of the draft and costs ``2L + 2`` collectives (embedding
   all-reduce, two all-reduces per layer, a local-argmax top-token gather);
 * ``tp8-repemb`` - sharded, with its own full embedding table on every rank (this project's
-  patch 0007): ``2L + 1`` collectives, and the table costs ``(1 - 1/TP)`` of its size in
-  memory per rank;
-* ``tp1`` - replicated (patches 0006 / 0009): every rank runs the whole draft, no
-  collectives, but streams all of it (including its full head) on every rank and holds its
-  own embedding table.
+  ``replicate-draft-embedding`` patch): ``2L + 1`` collectives, and the table costs
+  ``(1 - 1/TP)`` of its size in memory per rank;
+* ``tp1`` - replicated (the draft-TP-1 patches, ``patch_ids.DRAFT_TP1`` and for draft models
+  ``DRAFT_MODEL_TP1``): every rank runs the whole draft, no collectives, but streams all of
+  it (including its full head) on every rank and holds its own embedding table.
 
 This module is imported by :mod:`.model`; it takes the :class:`~.model.CostModel` as an
 argument and never imports it.
@@ -33,7 +33,8 @@ TOP_TOKEN_BYTES_PER_ROW_PER_RANK = 8
 #: Kernels of a small draft decoder layer and of a draft forward's head/embedding.
 KERNELS_PER_LAYER = {"llama": 14, "mla": 18, "mla_moe": 24}
 KERNELS_PER_FORWARD = 6
-#: Kinds whose embedding patch 0007 can replicate (the EAGLE family in vLLM's loader).
+#: Kinds whose embedding the ``replicate-draft-embedding`` patch can replicate (the EAGLE
+#: family in vLLM's loader).
 REPLICABLE_EMBEDDING = ("eagle3", "eagle3_mla", "mtp")
 
 

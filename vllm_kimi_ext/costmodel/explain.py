@@ -106,7 +106,8 @@ def _backend(cm: CostModel, rec: Recommendation) -> list[str]:
             f"{o.plan.backend} gives {_delta(best, o)}" for o in others)
             + f". In-situ latency per all-reduce of {fmt_bytes(n_bytes)}: {lat}.")
     if unmeasured:
-        out.append("Not costed (no public latency measurement on this box): "
+        out.append("Not ranked (no public in-situ measurement on this class of box; the what-if "
+                   "table costs FlashInfer's from its public microbenchmark): "
                    + ", ".join(unmeasured) + "; measure with bench/allreduce_bench.py.")
     return out
 

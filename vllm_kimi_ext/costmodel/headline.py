@@ -1,15 +1,19 @@
-"""The headline answer to "what should I run on 8x RTX PRO 6000": one function, three readers.
+"""The answer to "what should I run on 8x RTX PRO 6000": one function, every reader.
 
-:func:`headline` evaluates every draft that publishes an acceptance figure across its
-acceptance band (:func:`~.acceptance.band_for`) and keeps, per draft, the configuration
-with the smallest worst-case shortfall over the low / card / high scenarios
+:func:`headline` is the only function that answers it. It evaluates every draft that
+publishes an acceptance figure across its acceptance band (:func:`~.acceptance.band_for`)
+and keeps, per draft, the configuration with the smallest worst-case shortfall over the
+low / card / high scenarios
 (:func:`~.recommend.recommend_across_band`); the headline draft is the one whose choice is
 fastest in the **low** scenario, because public runs of Kimi drafts accept less than their
-cards. Only configurations buildable from stock vLLM 0.34.0 plus this project compete.
+cards. Only configurations buildable from stock vLLM 0.34.0 plus this project compete, and
+only drafts trained for Kimi-K2.5 (:func:`card_drafts`).
 
-:func:`headline_markdown` renders it; README.md's section "What to run on 8x PCIe"
-(:func:`readme_section`), ``docs/what-to-run.md`` and ``nox -s bench`` all print that text,
-and a test keeps the README equal to it.
+:func:`headline_markdown` renders it (with a complete serve command and whether that exact
+configuration has run anywhere public, :func:`public_status`); README.md's section "What to
+run on 8x PCIe" (:func:`readme_section`), ``docs/what-to-run.md`` and ``nox -s bench`` and its
+report (:func:`recommendation`: the same choice with its one-dimension-at-a-time
+explanation) all print it, and tests compare each with this function.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from functools import lru_cache
 
 from vllm_kimi_ext.costmodel.acceptance import band_for, field_to_card_ratio
 from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
+from vllm_kimi_ext.costmodel.explain import caveats, explain
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
+from vllm_kimi_ext.costmodel.options import Recommendation
 from vllm_kimi_ext.costmodel.recommend import (
     DEFAULT_TOLERANCE,
     BandRecommendation,
     recommend_across_band,
 )
+from vllm_kimi_ext.patch_ids import ref
 
 README_HEADING = "## What to run on 8× PCIe"
 BATCH = 1
@@ -41,6 +48,7 @@ class Headline:
     candidates: tuple[BandRecommendation, ...]  # every draft with a card figure, best first
     no_spec_tps: float  # stock vLLM without speculation (NCCL), same batch and context
     field_ratio: float | None
+    cm: CostModel = dataclasses.field(repr=False, compare=False, default=None)
 
     @property
     def plan(self) -> Plan:
@@ -90,15 +98,44 @@ def _compute(cm: CostModel, batch: int, context: int) -> Headline:
     close = [c for c in cands if c.robust_tps["low"] >= top * (1 - DEFAULT_TOLERANCE)]
     choice = min(close, key=lambda c: (len(c.robust.requires), -c.robust_tps["card"]))
     no_spec = cm.no_spec(batch=batch, context=context, backend="nccl").tokens_per_s
-    return Headline(cm.hw.name, batch, context, choice, tuple(cands), no_spec, ratio)
+    return Headline(cm.hw.name, batch, context, choice, tuple(cands), no_spec, ratio, cm)
+
+
+def recommendation(h: Headline | None = None) -> Recommendation:
+    """The headline's choice as a :class:`~.options.Recommendation` at the draft's card
+    acceptance: every option of that draft for the tables, the choice as ``best``, and the
+    explanation of that choice (one dimension changed at a time). The bench report prints
+    this, so it can never recommend anything but the headline."""
+    h = h or headline()
+    rec = h.choice.per_scenario["card"]
+    rec = dataclasses.replace(rec, best=h.choice.robust)
+    drafts = [(h.draft, h.choice.band.card)]
+    return dataclasses.replace(rec, explanation=tuple(explain(h.cm, rec, drafts)),
+                               caveats=tuple(caveats(h.cm, rec, drafts)))
+
+
+#: The target's attention backend in every public calibration run of this class of box
+#: (the model's context cost is fitted to it).
+TARGET_ATTENTION = "TRITON_MLA"
+
+
+def draft_attention_backend(d: DraftProfile) -> str | None:
+    """The attention backend the draft needs pinned (``--speculative-config``'s
+    ``attention_backend``, a field of vLLM 0.34.0's ``SpeculativeConfig`` that overrides the
+    draft's ``attention_config.backend`` only), or None to let vLLM choose."""
+    spec = d.raw.get("draft_attention_backend")
+    return spec.get("value") if isinstance(spec, dict) else None
 
 
 def serve_command(plan: Plan, requires=()) -> str:
-    """A ``vllm serve`` line for ``plan``; ``requires`` (its :class:`~.recommend.Requirement`
-    list) adds ``VLLM_KIMI_EXT=1`` when the plan needs anything from this project."""
+    """A complete ``vllm serve`` line for ``plan``; ``requires`` (its
+    :class:`~.recommend.Requirement` list) adds ``VLLM_KIMI_EXT=1`` when the plan needs
+    anything from this project."""
     d = plan.draft
     cfg = [f'"method": "{d.method}"', f'"model": "{d.checkpoint}"',
            f'"num_speculative_tokens": {plan.k}']
+    if draft_attention_backend(d):
+        cfg.append(f'"attention_backend": "{draft_attention_backend(d)}"')
     if plan.placement == "tp1":
         cfg.append('"draft_tensor_parallel_size": 1')
     if plan.placement == "tp8-repemb":
@@ -110,13 +147,48 @@ def serve_command(plan: Plan, requires=()) -> str:
         env = "VLLM_KIMI_EXT=1 " + env
     return (f"{env}vllm serve moonshotai/Kimi-K2.5 --trust-remote-code "
             "--tensor-parallel-size 8 \\\n"
-            f"  --kv-cache-dtype fp8 --speculative-config '{{{', '.join(cfg)}}}'")
+            f"  --kv-cache-dtype fp8 --attention-backend {TARGET_ATTENTION} \\\n"
+            f"  --speculative-config '{{{', '.join(cfg)}}}'")
+
+
+def _src(src: dict) -> str:
+    return f"{src.get('repo', '?')} {src.get('file', '?')} @ {str(src.get('commit', '?'))[:10]}"
+
+
+def public_short(plan: Plan) -> str:
+    """A table cell: whether the exact configuration ran in public (with the file)."""
+    text = public_status(plan)
+    if text.startswith("**only in the model**"):
+        return "only in the model"
+    return "ran in public (" + text.rsplit("(", 1)[1]
+
+
+def public_status(plan: Plan) -> str:
+    """Whether this exact configuration (draft checkpoint, Kimi-K2.5 target, stock vLLM,
+    draft length) has run anywhere public, with the source; else that it exists only in
+    the model, and the nearest public run."""
+    d = plan.draft
+    runs = d.raw.get("public_runs", [])
+    exact = [r for r in runs if r.get("checkpoint") == d.checkpoint
+             and r.get("target") == TARGET and r.get("stock_vllm") and r.get("k") == plan.k]
+    if exact:
+        r = exact[0]
+        return (f"this exact configuration has run in public: {r['result']} "
+                f"({_src(r['source'])}).")
+    out = (f"**only in the model**: no public run of `{d.checkpoint}` at k = {plan.k} on stock "
+           f"vLLM with a {TARGET} (MLA) target is known.")
+    if runs:
+        r = runs[0]
+        out += (f" Nearest public run: `{r['checkpoint']}` k = {r['k']} on {r['target']}, "
+                f"{r['engine']} ({r['settings']}): {r['result']} ({_src(r['source'])}).")
+    return out
 
 
 def _describe_choice(h: Headline) -> str:
     p = h.plan
     place = {"tp8": "sharded over the 8 GPUs like the target (stock)",
-             "tp8-repemb": "sharded, with its own replicated embedding (patch 0007)",
+             "tp8-repemb": "sharded, with its own replicated embedding "
+                           f"({ref('replicate-draft-embedding')})",
              "tp1": "whole on every GPU (draft TP=1)"}[p.placement]
     verifier = ("stock full-logits all-gather" if p.verifier == "gather"
                 else "vocabulary-sharded (experimental)")
@@ -145,7 +217,8 @@ def headline_markdown(h: Headline | None = None) -> str:
            "pick: no other configuration loses less in its worst scenario)."),
         "- Needs: " + ("nothing beyond stock vLLM 0.34.0." if not needs else "; ".join(needs)
                        + ".") + (f" Loading: {h.draft.stock_note}." if h.draft.stock_note
-                                 and "[inferred" in h.draft.stock_note else ""),
+                                 and draft_attention_backend(h.draft) else ""),
+        "- Public runs: " + public_status(h.plan),
         "",
         "```bash",
         serve_command(h.plan, c.robust.requires),
@@ -174,12 +247,13 @@ def readme_section(h: Headline | None = None) -> str:
         "public Kimi-K2.x runs on 8x RTX PRO 6000 (held-out validation and every source in "
         "[docs/cost-model.md](docs/cost-model.md)), ranking only what stock vLLM 0.34.0 plus "
         "this project can build. Measure your box with `nox -s bench` and "
-        "`bench/e2e/runner.py`, then `vllm-kimi-ext plan --acceptance-from results.json`.",
+        "`bench/e2e/runner.py`, then "
+        "`vllm-kimi-ext plan --draft NAME --acceptance-from results.json`.",
         "",
         body,
         "",
-        "Every draft, the band, the sensitivity of this answer and the levers not built yet "
-        "(what-if ranking): [docs/what-to-run.md](docs/what-to-run.md).",
+        "Every draft, the band, the sensitivity of this answer and the what-if table (settings "
+        "you can apply, and upper bounds): [docs/what-to-run.md](docs/what-to-run.md).",
         "",
         "",
     ])

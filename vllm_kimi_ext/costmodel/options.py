@@ -11,6 +11,7 @@ from typing import Any
 
 from vllm_kimi_ext.costmodel.draft_cost import REPLICABLE_EMBEDDING
 from vllm_kimi_ext.costmodel.model import CostModel, Plan, StepEstimate
+from vllm_kimi_ext.patch_ids import DRAFT_MODEL_TP1, DRAFT_TP1, ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,18 +26,21 @@ class Requirement:
         return self.text
 
 
+_TP1_EAGLE = ref(*DRAFT_TP1)
 REQ_TP1_EAGLE = Requirement(
-    "draft at TP=1 (replicated on every rank): this project's patch 0006 (stock vLLM 0.34 "
+    f"draft at TP=1 (replicated on every rank): this project's {_TP1_EAGLE} (stock vLLM 0.34 "
     "builds EAGLE/MTP drafts on the target's TP group and ignores draft_tensor_parallel_size=1)",
-    True, "patch 0006 (draft TP=1)")
-REQ_TP1_MODEL = Requirement("draft model at TP=1: this project's patch 0009", True,
-                            "patch 0009 (draft TP=1)")
+    True, f"{_TP1_EAGLE} (draft TP=1)")
+_TP1_MODEL = ref(*DRAFT_MODEL_TP1)
+REQ_TP1_MODEL = Requirement(f"draft model at TP=1: this project's {_TP1_MODEL}", True,
+                            f"{_TP1_MODEL} (draft TP=1)")
 REQ_TP1_BLOCK = Requirement(
     "a block drafter (DFlash/DSpark) at TP=1: no vLLM 0.34 option and no patch of this project",
     False, "block drafter at TP=1 (not buildable)")
-REQ_REPEMB = Requirement("replicated draft embedding: this project's patch 0007 "
-                         "(replicate_draft_embedding)", True, "patch 0007")
-REQ_REPEMB_OTHER = Requirement("a replicated embedding for this draft kind: patch 0007 covers "
+_REPEMB = ref("replicate-draft-embedding")
+REQ_REPEMB = Requirement(f"replicated draft embedding: this project's {_REPEMB} "
+                         "(replicate_draft_embedding)", True, _REPEMB)
+REQ_REPEMB_OTHER = Requirement(f"a replicated embedding for this draft kind: {_REPEMB} covers "
                                "EAGLE/EAGLE-3/MTP drafts only", False,
                                "replicated embedding (not buildable)")
 REQ_REDUCED = Requirement("a 32K-vocabulary draft head with a d2t map: this project's "
@@ -45,9 +49,21 @@ REQ_REDUCED = Requirement("a 32K-vocabulary draft head with a d2t map: this proj
 REQ_REDUCED_OTHER = Requirement("a reduced-vocabulary head for this draft kind: shrink-vocab "
                                 "writes EAGLE-3 heads only", False,
                                 "reduced head (not buildable)")
-REQ_SHARDED = Requirement("the vocabulary-sharded verifier (VLLM_KIMI_EXT_SHARDED_VERIFY=1, "
-                          "experimental; requests with top-p fall back to the stock gather)",
-                          True, "sharded verifier (experimental)")
+REQ_SHARDED = Requirement("the vocabulary-sharded verifier (VLLM_KIMI_EXT_SHARDED_VERIFY=1), "
+                          "measured faster than stock under Kimi's sampling at this batch",
+                          True, "sharded verifier")
+
+
+def _sharded_requirement(cm: CostModel, plan: Plan) -> Requirement:
+    """REQ_SHARDED where the measured verify steps price it below stock (verify_cost.py),
+    else a requirement nobody meets: the recommender never offers a slower verifier."""
+    from vllm_kimi_ext.costmodel.verify_cost import sharded_recommendable
+
+    ok, why = sharded_recommendable(cm, plan.batch, plan.k)
+    if ok:
+        return REQ_SHARDED
+    return Requirement(f"the vocabulary-sharded verifier (VLLM_KIMI_EXT_SHARDED_VERIFY=1): {why}",
+                       False, "sharded verifier (not measured faster)")
 
 
 def requirements(cm: CostModel, plan: Plan) -> list[Requirement]:
@@ -74,7 +90,7 @@ def requirements(cm: CostModel, plan: Plan) -> list[Requirement]:
     if plan.vocab == "reduced":
         req.append(REQ_REDUCED if d.kind in ("eagle3", "eagle3_mla") else REQ_REDUCED_OTHER)
     if plan.verifier == "sharded":
-        req.append(REQ_SHARDED)
+        req.append(_sharded_requirement(cm, plan))
     return req
 
 

@@ -88,7 +88,9 @@ def plot_plan(rec: Recommendation, path: str | Path, title: str | None = None) -
 
 
 def plot_validation(report, path: str | Path) -> Path:
-    """Measured against predicted tokens/s at every point (log-log, the +-10 % band)."""
+    """Measured against predicted tokens/s at every point (log-log, the +-10 % band): the
+    fitted points, held-out points between fitted cells of their run, and held-out points of
+    runs with no fitted cell, each with its own marker."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 5.0), dpi=110)
     xs = [r.point.tokens_per_s for r in report.rows]
@@ -96,12 +98,12 @@ def plot_validation(report, path: str | Path) -> Path:
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="predicted = measured")
     ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.85",
                     label="+-10 %")
-    for split, marker, color in (("calibration", "o", "tab:blue"),
-                                 ("validation", "s", "tab:orange")):
-        rows = report.split(split)
+    styles = (("o", "tab:blue"), ("s", "tab:orange"), ("^", "tab:red"))
+    for (group, rows), (marker, color) in zip(report.groups().items(), styles):
+        mean = sum(abs(r.error) for r in rows) / len(rows) if rows else 0.0
         ax.scatter([r.point.tokens_per_s for r in rows], [r.predicted for r in rows],
-                   marker=marker, s=22, color=color, label=f"{split} ({len(rows)} points)",
-                   zorder=3)
+                   marker=marker, s=22, color=color,
+                   label=f"{group}: {len(rows)} points, mean |error| {mean:.1%}", zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -151,7 +153,8 @@ def plot_levers(rows, path: str | Path, batch: int = 1) -> Path:
     card = [100 * r.gains[batch]["card"] for r in rows]
     lo = [100 * (r.gains[batch]["low"] or 0.0) for r in rows]
     hi = [100 * (r.gains[batch]["high"] or 0.0) for r in rows]
-    colors = ["0.6" if r.lever.built else "tab:blue" for r in rows]
+    colors = ["0.6" if r.lever.built else "tab:orange"
+              if r.lever.kind == "upper bound, no setting" else "tab:blue" for r in rows]
     ax.barh(ys, card, color=colors, height=0.6)
     span_lo = [min(a, b, c) for a, b, c in zip(lo, hi, card)]
     span_hi = [max(a, b, c) for a, b, c in zip(lo, hi, card)]
@@ -164,6 +167,6 @@ def plot_levers(rows, path: str | Path, batch: int = 1) -> Path:
     ax.set_xlabel(f"predicted gain at batch {batch}, % (bar: card acceptance; "
                   "line: range over the low / card / high scenarios)")
     ax.grid(alpha=0.3, axis="x")
-    ax.set_title("Levers (blue: not built yet; grey: shipped by this project); linear axis",
-                 fontsize=9)
+    ax.set_title("What-if (blue: a setting or package today; orange: upper bound, no setting; "
+                 "grey: this project)", fontsize=8)
     return _save(fig, path)

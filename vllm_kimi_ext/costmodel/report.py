@@ -27,9 +27,26 @@ from vllm_kimi_ext.costmodel.acceptance import (
     field_to_card_ratio,
     from_draft_profile,
 )
-from vllm_kimi_ext.costmodel.calibration import ERROR_BOUND, SPLITS, validate
-from vllm_kimi_ext.costmodel.catalog import list_profiles, load_draft
-from vllm_kimi_ext.costmodel.headline import headline, headline_markdown
+from vllm_kimi_ext.costmodel.calibration import (
+    ERROR_BOUND,
+    HELD_OUT,
+    SPLITS,
+    mean_abs,
+    validate,
+)
+from vllm_kimi_ext.costmodel.catalog import (
+    DraftProfile,
+    list_profiles,
+    load_draft,
+    load_hardware,
+)
+from vllm_kimi_ext.costmodel.headline import (
+    TARGET,
+    headline,
+    headline_markdown,
+    public_short,
+    recommendation,
+)
 from vllm_kimi_ext.costmodel.latency import load_latency_table
 from vllm_kimi_ext.costmodel.model import CostModel, StepEstimate
 from vllm_kimi_ext.costmodel.options import Recommendation, describe, fmt_bytes
@@ -42,6 +59,16 @@ from vllm_kimi_ext.costmodel.plot import (
     series,
 )
 from vllm_kimi_ext.costmodel.recommend import recommend, recommend_across_band
+from vllm_kimi_ext.user_input import (
+    EXIT_CODES_HELP,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    UserInputError,
+    bounded_int,
+    one_line,
+)
 
 PCIE = "rtx-pro-6000-pcie-x8"
 GENERATED_BLOCKS = ("calibration", "sources", "latency", "anatomy")
@@ -111,9 +138,14 @@ def calibration_markdown(hardware: str = PCIE) -> str:
         "",
         md_table(["parameter", "fitted", "prior", "bounds", "meaning"], rows),
         "",
-        md_table(["split", "points", "mean abs error", "largest error"],
-                 [[s, str(n[s]), f"{rep.mean_abs_error(s):.1%}", f"{rep.max_error(s):.1%}"]
-                  for s in SPLITS]),
+        md_table(["points", "n", "mean abs error", "largest error"],
+                 [[g, str(len(rows)), f"{mean_abs(rows):.1%}",
+                   f"{max((abs(r.error) for r in rows), default=0.0):.1%}"]
+                  for g, rows in rep.groups().items()]),
+        "",
+        "Held-out points between fitted cells of a run test interpolation within a run the "
+        "fit saw; points of runs with no fitted cell test the model on a configuration, image "
+        "or host it was not fitted to.",
         "",
         f"![measured against predicted]({IMG}/costmodel-validation.png)",
         "",
@@ -131,13 +163,18 @@ def calibration_markdown(hardware: str = PCIE) -> str:
     out.append(md_table(["point", "split", "all-reduce", "draft", "tau", "measured tok/s",
                          "model tok/s", "error"], rows))
     misses = rep.misses
-    out += ["", f"Points beyond {ERROR_BOUND:.0%} and the mechanism the model lacks:", ""]
+    out += ["", f"Points beyond {ERROR_BOUND:.0%}, the difference from the fitted runs their "
+            "run records (image, kernels or host) and the mechanism the model lacks "
+            "(`vllm-kimi-ext plan --validate` fails on a miss that names none):", ""]
     by_run: dict[str, list] = {}
     for r in misses:
         by_run.setdefault(r.point.run, []).append(r)
     for run, rs in by_run.items():
         errs = ", ".join(f"{r.point.id.split('/', 1)[1]} {pct(r.error)}" for r in rs)
-        out.append(f"- `{run}` ({errs}): {rs[0].point.model_lacks or 'UNEXPLAINED'}.")
+        p, why_not = rs[0].point, rep.why_unexplained(rs[0])
+        named = (f"UNEXPLAINED ({why_not})" if why_not else
+                 f"{p.difference}: {p.recorded(p.difference)}")
+        out.append(f"- `{run}` ({errs}): {named}; {p.model_lacks}.")
     if not misses:
         out.append("- none.")
     return "\n".join(out)
@@ -158,6 +195,14 @@ def sources_markdown(hardware: str = PCIE) -> str:
             rows.append([f"`{name}`", f"`{sid}`", _src_cell(s), s.get("topology", ""),
                          s.get("method", "")])
     out.append(md_table(["table", "id", "source", "box", "method"], rows))
+    out += ["", f"Settings costed in the what-if table (`settings.sources` of the "
+            f"`{whatif.SETTINGS_TABLE}` latency table):", ""]
+    rows = [[f"`{sid}`", f"`{s['repo']}` {s['ref']}" + (f" @ `{s['commit'][:10]}`"
+                                                       if s.get("commit") else "")
+             + (f" ({s['date']})" if s.get("date") else ""), s.get("topology", ""),
+             "; ".join(x for x in (s.get("where", ""), s.get("method", "")) if x)]
+            for sid, s in whatif.settings_data()["sources"].items()]
+    out.append(md_table(["id", "source", "box", "what"], rows))
     out += ["", "Acceptance (draft profiles: the card and every public field figure):", ""]
     rows = []
     for name in list_profiles("drafts"):
@@ -199,15 +244,20 @@ def anatomy_markdown(hardware: str = PCIE) -> str:
     m = cm.model
     w1 = cm.target_weight_bytes(1)
     rep, shd = m.mla_params()
+    dense, moe, h = m.first_k_dense_replace, m.num_layers - m.first_k_dense_replace, m.hidden_size
     notes = {
-        "attention": f"61 x ({rep / 1e6:.1f}M replicated fused_qkv_a + {shd / 1e6:.1f}M / TP) "
-                     f"bf16; replicated part {m.num_layers * rep * m.dtype_bytes / 1e9:.2f} GB",
-        "dense_mlp": "1 dense layer, 3 x 7168 x 18432 / TP, bf16",
-        "router": "60 x 7168 x 384 bf16, replicated on every rank",
-        "shared_experts": "60 x 3 x 7168 x 2048 / TP, bf16",
-        "routed_experts": f"60 x 8 experts x {m.expert_params() / 1e6:.1f}M / TP at "
+        "attention": f"{m.num_layers} x ({rep / 1e6:.1f}M replicated fused_qkv_a + "
+                     f"{shd / 1e6:.1f}M / TP) bf16; replicated part "
+                     f"{m.num_layers * rep * m.dtype_bytes / 1e9:.2f} GB",
+        "dense_mlp": f"{dense} dense layer{'s' * (dense != 1)}, 3 x {h} x "
+                     f"{m.dense_intermediate_size} / TP, bf16",
+        "router": f"{moe} x {h} x {m.n_routed_experts} bf16, replicated on every rank",
+        "shared_experts": f"{moe} x {3 * m.n_shared_experts} x {h} x "
+                          f"{m.moe_intermediate_size} / TP, bf16",
+        "routed_experts": f"{moe} x {m.num_experts_per_tok} experts x "
+                          f"{m.expert_params() / 1e6:.1f}M / TP at "
                           f"{m.routed_expert_bits_per_weight:g} bits",
-        "lm_head": "163840 x 7168 / TP, bf16",
+        "lm_head": f"{m.vocab_size} x {h} / TP, bf16",
     }
     rows = [[k, f"{v / 1e9:.3f}", notes[k]] for k, v in w1.items()]
     rows.append(["**total**", f"**{sum(w1.values()) / 1e9:.3f}**",
@@ -266,7 +316,8 @@ _HEADER = ["draft", "k", "placement", "verifier", "backend", "tau", "tok/s",
            "x stock no-spec", "collectives/token", "comm bytes/token", "HBM bytes/token"]
 
 
-def plan_markdown(cm: CostModel, rec: Recommendation, plot_name: str | None = None) -> str:
+def plan_markdown(cm: CostModel, rec: Recommendation, plot_name: str | None = None,
+                  heading: str = "Recommendation") -> str:
     base = rec.no_spec_stock.tokens_per_s
     rows = [_option_row(o, base) for o in rec.options if not o.plan.speculative]
     for _, pts in series(rec.options).items():
@@ -274,7 +325,7 @@ def plan_markdown(cm: CostModel, rec: Recommendation, plot_name: str | None = No
     p = cm.params
     out = [f"Hardware `{cm.hw.name}` ({cm.hw.description}); batch {rec.batch}, context "
            f"{rec.context}; {'fitted' if p.calibrated else 'prior'} parameters "
-           "([cost model](../../docs/cost-model.md)).", "", "**Recommendation**", ""]
+           "([cost model](../../docs/cost-model.md)).", "", f"**{heading}**", ""]
     out += [f"- {line}" for line in rec.explanation]
     out += ["", "**Caveats**", ""] + [f"- {line}" for line in rec.caveats]
     if plot_name:
@@ -290,11 +341,26 @@ def markdown_report(out_dir: str | Path, hardware: str = PCIE, drafts: list[str]
                     batch: int = 1, context: int = 1024,
                     acceptance: dict[str, Acceptance] | None = None,
                     name: str = "costmodel-plan", title: str | None = None) -> str:
-    """Write ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the markdown. It
-    opens with the headline (:func:`~.headline.headline_markdown`). ``acceptance`` maps draft
-    names to measured acceptance and overrides the cards."""
+    """Write ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the markdown.
+
+    With the defaults it is the headline's report: the one answer
+    (:func:`~.headline.headline_markdown`) and the same choice explained
+    (:func:`~.headline.recommendation`), every draft across its band, and the headline
+    draft's configurations. Given ``drafts``, ``acceptance`` (draft name -> measured
+    acceptance, overriding the cards), another batch, context or box, it is a plan for
+    those inputs and says that it is not the headline."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if (hardware, drafts, batch, context, acceptance) == (PCIE, None, 1, 1024, None):
+        h = headline()
+        rec = recommendation(h)
+        png = plot_plan(rec, out_dir / f"{name}.png")
+        text = (f"# {title or 'Cost-model plan'}\n\n**What to run** (the same answer as "
+                f"README.md and docs/what-to-run.md):\n\n{headline_markdown(h)}\n\n"
+                + plan_markdown(h.cm, rec, png.name, heading="Why this configuration")
+                + "\n\n" + "\n".join(_drafts_section(h.cm)) + "\n")
+        (out_dir / f"{name}.md").write_text(text)
+        return text
     cm = CostModel.build(hardware)
     pairs = []
     for dname in drafts or list_profiles("drafts"):
@@ -306,8 +372,11 @@ def markdown_report(out_dir: str | Path, hardware: str = PCIE, drafts: list[str]
         raise ValueError("no draft with an acceptance figure to report on")
     rec = recommend(cm, pairs, batch=batch, context=context)
     png = plot_plan(rec, out_dir / f"{name}.png")
-    text = (f"# {title or 'Cost-model plan'}\n\n**Headline** (README, docs/what-to-run.md):\n\n"
-            f"{headline_markdown()}\n\n" + plan_markdown(cm, rec, png.name) + "\n")
+    text = (f"# {title or 'Cost-model plan'}\n\n> A plan for the inputs given (drafts "
+            f"{', '.join(d.name for d, _ in pairs)}; batch {batch}, context {context}, "
+            f"`{hardware}`), at single acceptance figures: not the headline answer of "
+            "README.md and docs/what-to-run.md, which weighs each draft's acceptance band.\n\n"
+            + plan_markdown(cm, rec, png.name) + "\n")
     (out_dir / f"{name}.md").write_text(text)
     return text
 
@@ -323,6 +392,18 @@ def _short(plan) -> str:
     return f"k={plan.k} {plan.placement}/{plan.vocab}, {plan.verifier}, {plan.backend}"
 
 
+def _headline_role(d: DraftProfile, h, robust_low: float) -> str:
+    """Why a draft is or is not the headline's (the rules of :func:`~.headline.headline`)."""
+    if d.name == h.draft.name:
+        return "**the answer**"
+    if d.name not in {c.draft.name for c in h.candidates}:
+        if d.raw.get("trained_for", TARGET) != TARGET:
+            return f"not a candidate: trained for {d.raw['trained_for']}, its card is not K2.5's"
+        return "not a candidate: no card acceptance figure (assumed band)"
+    return (f"candidate: {robust_low:.0f} tok/s in the low scenario against "
+            f"{h.choice.robust_tps['low']:.0f}")
+
+
 def _drafts_section(cm: CostModel) -> list[str]:
     h = headline(cm) if cm.hw.name != PCIE else headline()
     ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
@@ -331,25 +412,32 @@ def _drafts_section(cm: CostModel) -> list[str]:
         d = load_draft(name)
         band = band_for(d, ratio=ratio)
         if band is None:
-            rows.append([f"`{name}`", d.raw.get("trained_for", "Kimi-K2.5"), "-", "-", "-",
-                         "-", "no acceptance published: pass --tau or --acceptance-from"])
+            rows.append([f"`{name}`", d.raw.get("trained_for", TARGET), "-", "-", "-",
+                         "-", "-", "-", "no acceptance published: pass --tau or "
+                         "--acceptance-from"])
             continue
         r = recommend_across_band(cm, d, band, batch=1, context=1024)
         t, tau = r.robust_tps, r.robust_tau
         needs = "; ".join(x.short or x.text for x in r.robust.requires) or "stock"
-        rows.append([f"`{name}`", d.raw.get("trained_for", "Kimi-K2.5")
+        rows.append([f"`{name}`", d.raw.get("trained_for", TARGET)
                      + (" (assumed band)" if band.card_is_assumed else ""),
                      _short(r.robust.plan),
                      f"{tau['low']:.2f} / {tau['card']:.2f} / {tau['high']:.2f}",
                      f"{t['low']:.0f} / {t['card']:.0f} / {t['high']:.0f}",
-                     f"{t['card'] / h.no_spec_tps:.2f}x", needs])
+                     f"{t['card'] / h.no_spec_tps:.2f}x", needs,
+                     public_short(r.robust.plan), _headline_role(d, h, t["low"])])
     return ["## Every draft across its acceptance band", "",
             "Single stream, context 1024; per draft the configuration that loses least in its "
             "worst scenario (low / card / high). Low is the lowest public field figure, or the "
             f"card shrunk by the smallest field/card ratio measured on any draft ({ratio:.2f}); "
-            "high is the best of the card's datasets and field figures.", "",
+            "high is the best of the card's datasets and field figures. The answer is the "
+            f"draft trained for {TARGET} with a card figure whose choice is fastest in the low "
+            "scenario (a faster draft trained for another Kimi version does not compete: its "
+            f"card was measured on that version, which {TARGET} does not reach).", "",
             md_table(["draft", "trained for", "robust choice", "tau low / card / high",
-                      "tok/s low / card / high", "x stock (card)", "needs"], rows), ""]
+                      "tok/s low / card / high", "x stock (card)", "needs",
+                      "this exact configuration", "the answer?"],
+                     rows), ""]
 
 
 def _sensitivity_rows(cm: CostModel, h) -> list[list[str]]:
@@ -378,35 +466,68 @@ def _sensitivity_rows(cm: CostModel, h) -> list[list[str]]:
     return rows
 
 
+#: Drafts whose what-if table docs/what-to-run.md shows besides the headline's: the EAGLE-3
+#: reference and the DSpark draft (the only method adaptive verification supports).
+WHATIF_DRAFTS = (EAGLE_REFERENCE, "novita-dspark")
+
+
+def lever_tables(cm: CostModel, h) -> dict[str, list]:
+    """{draft name: its what-if rows}: the headline draft first, then :data:`WHATIF_DRAFTS`."""
+    ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
+    out = {h.draft.name: whatif.lever_table(cm, h.draft, h.choice.band)}
+    for name in WHATIF_DRAFTS:
+        if name not in out:
+            d = load_draft(name)
+            out[name] = whatif.lever_table(cm, d, band_for(d, ratio=ratio))
+    return out
+
+
+def lever_markdown(rows) -> str:
+    """One draft's what-if table (``docs/what-to-run.md``; the same columns as the plot)."""
+    cells = []
+    for r in rows:
+        g = [" / ".join(pct(r.gains[b][s]) for s in ("low", "card", "high"))
+             for b in whatif.BATCHES]
+        cells.append([r.lever.name, r.lever.kind, *g, r.lever.takes, r.lever.rests_on,
+                      r.lever.assumption])
+    return md_table(["lever", "kind", *(f"batch {b}" for b in whatif.BATCHES),
+                     "set / install", "measured numbers it rests on (source)",
+                     "how the model uses them"], cells)
+
+
 def _levers_section(cm: CostModel, h) -> list[str]:
-    rows_by_draft = {h.draft.name: whatif.lever_table(cm, h.draft, h.choice.band)}
-    eagle = load_draft(EAGLE_REFERENCE)
-    if eagle.name != h.draft.name:
-        ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
-        rows_by_draft[eagle.name] = whatif.lever_table(cm, eagle, band_for(eagle, ratio=ratio))
-    out = ["## What-if: levers not built yet", "",
+    tables = lever_tables(cm, h)
+    out = ["## What-if: settings you can apply, and upper bounds", "",
            "Gain over the recommender's best buildable configuration at the same batch and "
            "acceptance scenario (low / card / high), draft length re-optimised; '-' = does "
-           "not apply or does not fit. Levers this project already ships are listed last, "
-           "measured the same way.", ""]
-    for name, rows in rows_by_draft.items():
-        cells = []
-        for r in rows:
-            g = [" / ".join(pct(r.gains[b][s]) for s in ("low", "card", "high"))
-                 for b in whatif.BATCHES]
-            cells.append([r.lever.name, *g, r.lever.assumption, r.lever.takes])
-        out += [f"Draft `{name}`:", "",
-                md_table(["lever", *(f"batch {b}" for b in whatif.BATCHES), "assumption",
-                          "what it would take"], cells), ""]
-    head_rows = rows_by_draft[h.draft.name]
+           "not apply or does not fit. **kind**: a *setting* of stock vLLM 0.34.0 or NCCL "
+           "(environment variable or `--speculative-config` field), a *package* to install "
+           "(not wired into vLLM 0.34.0), something *this project* ships, or an *upper "
+           "bound, no setting*: the ceiling of a mechanism nothing available today "
+           "reaches. The settings are costed from the public measurements named in each "
+           "row, not from runs on this box; the recommendation above ranks only backends "
+           "with public end-to-end Kimi runs on this class of box.", ""]
+    for name, rows in tables.items():
+        out += [f"Draft `{name}`:", "", lever_markdown(rows), ""]
+    head_rows = tables[h.draft.name]
+    act = [r for r in head_rows if r.lever.kind != whatif.UPPER_BOUND and not r.lever.built]
+    bounds = [r for r in head_rows if r.lever.kind == whatif.UPPER_BOUND]
     out += [f"![levers at batch 1]({IMG}/costmodel-levers.png)", "",
-            "## Ranking of the levers left", "",
+            "## Ranking", "",
             f"By predicted gain at batch 1 with the headline draft's card acceptance "
-            f"(`{h.draft.name}`):", ""]
-    for i, r in enumerate([r for r in head_rows if not r.lever.built], start=1):
+            f"(`{h.draft.name}`).", "", "What you can set or install today:", ""]
+    for i, r in enumerate(act, start=1):
+        out.append(f"{i}. **{r.lever.name}** ({r.lever.kind}: {r.lever.takes}): "
+                   + (f"{pct(r.gain(1, 'card'))} at batch 1 ({pct(r.gain(1, 'low'))} to "
+                      f"{pct(r.gain(1, 'high'))} across the band), {pct(r.gain(64, 'card'))} "
+                      "at batch 64." if r.gain(1, "card") is not None else
+                      f"does not apply to `{h.draft.name}`.")
+                   + f" Rests on: {r.lever.rests_on}.")
+    out += ["", "Upper bounds (no setting reaches them today):", ""]
+    for i, r in enumerate(bounds, start=1):
         out.append(f"{i}. **{r.lever.name}**: {pct(r.gain(1, 'card'))} at batch 1 "
                    f"({pct(r.gain(1, 'low'))} to {pct(r.gain(1, 'high'))} across the band), "
-                   f"{pct(r.gain(64, 'card'))} at batch 64. Rests on: {r.lever.assumption}.")
+                   f"{pct(r.gain(64, 'card'))} at batch 64. Assumes: {r.lever.assumption}.")
     return out
 
 
@@ -416,6 +537,7 @@ def what_to_run_markdown() -> str:
     rep = validate(cm)
     h = headline()
     n = {s: len(rep.split(s)) for s in SPLITS}
+    between, unseen = (rep.held_out(g) for g in HELD_OUT)
     out = [
         "# What to run on 8x PCIe", "",
         "<!-- Generated by `python -m vllm_kimi_ext.costmodel.report --write-docs docs/`; "
@@ -424,8 +546,10 @@ def what_to_run_markdown() -> str:
         "cost model in `vllm_kimi_ext/costmodel` ([cost-model.md](cost-model.md)), fitted to "
         f"{n['calibration']} public measurements of Kimi-K2.x on 8x RTX PRO 6000 (mean error "
         f"{rep.mean_abs_error('calibration'):.1%}) and checked on {n['validation']} held-out "
-        f"ones (mean error {rep.mean_abs_error('validation'):.1%}; every miss above "
-        f"{ERROR_BOUND:.0%} is listed there with the mechanism the model lacks). Only "
+        f"ones: {len(between)} between fitted cells of the same runs (mean error "
+        f"{mean_abs(between):.1%}) and {len(unseen)} from runs with no fitted cell (mean error "
+        f"{mean_abs(unseen):.1%}); every miss above {ERROR_BOUND:.0%} is listed there with "
+        "the difference its run records and the mechanism the model lacks. Only "
         "configurations buildable from stock vLLM 0.34.0 plus this project are recommended; "
         "everything else is in the what-if table.", "",
         "## Recommendation: single stream", "",
@@ -505,9 +629,12 @@ def stale_docs(docs_dir: str | Path) -> list[Path]:
             if not p.exists() or p.read_text() != text]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_kimi_ext.costmodel.report",
-                                 description=__doc__.split("\n\n")[0])
+PROG = "python -m vllm_kimi_ext.costmodel.report"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                 epilog=EXIT_CODES_HELP)
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--write-docs", type=Path, metavar="DIR",
                    help="regenerate what-to-run.md, the generated blocks of cost-model.md "
@@ -516,24 +643,76 @@ def main(argv: list[str] | None = None) -> int:
                    help="exit 1 if the generated documents under DIR are stale")
     g.add_argument("--report", type=Path, metavar="DIR",
                    help="write a plan report (markdown + PNG) into DIR")
-    ap.add_argument("--hardware", default=PCIE)
-    ap.add_argument("--draft", action="append", default=None)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--context", type=int, default=1024)
-    args = ap.parse_args(argv)
+    ap.add_argument("--hardware", default=PCIE, help=f"hardware profile (default {PCIE})")
+    ap.add_argument("--draft", action="append", default=None,
+                    help="draft profile for --report (repeat; default: the headline's report)")
+    ap.add_argument("--batch", type=bounded_int(1, 4096, what="a batch size"), default=1)
+    ap.add_argument("--context", type=bounded_int(0, 1 << 20, what="a context length"),
+                    default=1024)
+    ap.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
+
+    def one_line_error(message: str):  # argparse's usage dump would bury the reason
+        print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    ap.error = one_line_error
+    return ap
+
+
+def _directory(flag: str, path: Path, must_exist: bool) -> None:
+    """A directory argument: refused when it is a file, lies under a file, or (to check)
+    does not exist."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a directory")
+    if must_exist and not path.is_dir():
+        raise UsageError(f"{flag} {path}: no such directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+            break
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.write_docs:
+        _directory("--write-docs", args.write_docs, must_exist=False)
         for p in write_docs(args.write_docs):
             print(f"wrote {p}")
-        return 0
+        return EXIT_OK
     if args.check_docs:
+        _directory("--check-docs", args.check_docs, must_exist=True)
         stale = stale_docs(args.check_docs)
         for p in stale:
-            print(f"stale: {p} (run python -m vllm_kimi_ext.costmodel.report --write-docs "
-                  f"{args.check_docs})", file=sys.stderr)
-        return 1 if stale else 0
-    markdown_report(args.report, args.hardware, args.draft, args.batch, args.context)
+            print(f"stale: {p} (run {PROG} --write-docs {args.check_docs})", file=sys.stderr)
+        return EXIT_FINDINGS if stale else EXIT_OK
+    _directory("--report", args.report, must_exist=False)
+    load_hardware(args.hardware)  # an unknown name or a bad file: one line, exit 2
+    if args.draft:
+        for name in args.draft:
+            d = load_draft(name)  # an unknown name or a bad file: one line, exit 2
+            if from_draft_profile(d.acceptance) is None:
+                raise UsageError(f"--draft {name}: publishes no acceptance figure to report on")
+    try:
+        markdown_report(args.report, args.hardware, args.draft, args.batch, args.context)
+    except ValueError as exc:  # nothing fits in memory at this batch and context
+        if isinstance(exc, UserInputError):
+            raise
+        raise UsageError(f"--batch {args.batch} --context {args.context}: {exc}") from None
     print(f"wrote {args.report}")
-    return 0
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line, under the package's exit-code contract (0 clean, 1 stale documents,
+    2 usage or unreadable input: one line on stderr, never a traceback unless --debug)."""
+    from vllm_kimi_ext.cli import run_handler
+
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a refusal already printed (2)
+        return EXIT_OK if exc.code in (None, 0) else EXIT_USAGE
+    args.func, args._prog = _run, PROG
+    return run_handler(args)
 
 
 if __name__ == "__main__":

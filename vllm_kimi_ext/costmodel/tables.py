@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_kimi_ext.costmodel.calibration import ERROR_BOUND, SPLITS
+from vllm_kimi_ext.costmodel.calibration import ERROR_BOUND, mean_abs
 from vllm_kimi_ext.costmodel.options import fmt_bytes
 from vllm_kimi_ext.costmodel.plot import series
 
@@ -78,13 +78,17 @@ def format_validation(rep) -> str:
         flag = "" if r.within_bound else " !"
         lines.append(f"{r.point.split[:5]:5s} {r.point.id:34s} {r.point.tokens_per_s:9.1f} "
                      f"{r.predicted:9.1f} {r.error:+7.1%}  {r.point.source_id}{flag}")
-    for s in SPLITS:
-        lines.append(f"{s}: {len(rep.split(s))} points, mean |error| "
-                     f"{rep.mean_abs_error(s):.1%}, largest {rep.max_error(s):.1%}")
+    for group, rows in rep.groups().items():
+        lines.append(f"{group}: {len(rows)} points, mean |error| {mean_abs(rows):.1%}, "
+                     f"largest {max((abs(r.error) for r in rows), default=0.0):.1%}")
     runs: dict[str, str] = {}
     for r in rep.misses:
-        runs.setdefault(r.point.run, r.point.model_lacks or "UNEXPLAINED")
+        why_not = rep.why_unexplained(r)
+        p = r.point
+        runs.setdefault(p.run, f"UNEXPLAINED ({why_not}): {p.model_lacks}" if why_not else
+                        f"{p.difference} ({p.recorded(p.difference)}): {p.model_lacks}")
     if runs:
-        lines.append(f"! beyond {ERROR_BOUND:.0%}; mechanism the model lacks:")
+        lines.append(f"! beyond {ERROR_BOUND:.0%}; the recorded difference and the mechanism the "
+                     "model lacks:")
         lines += [f"  {run}: {why}" for run, why in runs.items()]
     return "\n".join(lines)

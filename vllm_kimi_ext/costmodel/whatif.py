@@ -1,11 +1,17 @@
-"""What-if: the gain each lever not built yet would bring, across batch and acceptance.
+"""What-if: the gain of each setting a user can apply today, across batch and acceptance.
 
 For every batch (1, 16, 64) and acceptance scenario (low / card / high) the baseline is the
 recommender's best buildable configuration (:func:`~.recommend.recommend`). A lever
 changes one thing and the draft length is re-optimised (k = 1..7) with every other choice
-of the baseline kept; the gain is its best tokens/s over the baseline's. Each lever states
-the assumption it rests on and what building it would take. Levers this project already
-ships are listed too, measured the same way, so the ranking compares like with like.
+of the baseline kept; the gain is its best tokens/s over the baseline's.
+
+Every lever is of one :data:`KINDS`: a **setting** (an environment variable or a
+``--speculative-config`` field of stock vLLM 0.34.0 or NCCL), a **package** to install,
+something **this project** ships, or an **upper bound, no setting** (a mechanism's ceiling
+that nothing available today reaches). Each says exactly what to set or install
+(:attr:`Lever.action`) and the public measurements it is costed from
+(:attr:`Lever.rests_on`); the numbers themselves live, with their sources, in the
+``settings`` block of the shipped PCIe latency table.
 
 Tree verification is costed as a *widened chain*: at depth ``i`` the draft's top ``w_i``
 candidates are verified, only the top-1 path continues. With the chain's conditional
@@ -19,12 +25,15 @@ sequence, touching more experts.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable
 
 from vllm_kimi_ext.costmodel.acceptance import Acceptance, AcceptanceBand
-from vllm_kimi_ext.costmodel.catalog import DraftProfile
-from vllm_kimi_ext.costmodel.latency import load_latency_table
+from vllm_kimi_ext.costmodel.catalog import DraftProfile, ProfileError, load_raw
+from vllm_kimi_ext.costmodel.latency import curve_from_points
 from vllm_kimi_ext.costmodel.model import CostModel, Plan, Variant
+from vllm_kimi_ext.costmodel.options import requirements
 from vllm_kimi_ext.costmodel.recommend import MAX_K, recommend
 
 BATCHES = (1, 16, 64)
@@ -46,13 +55,25 @@ def adaptive_verify_tokens(acc: Acceptance, k: int) -> float:
     return 1.0 + 1.0 + sum(acc.per_position(k - 1))
 
 
+#: What a row asks of the user. Every row is one of these; "upper bound, no setting" rows
+#: are kept to show how much a mechanism could be worth, and say so.
+KINDS = ("setting", "package", "this project", "upper bound, no setting")
+UPPER_BOUND = KINDS[-1]
+
+
 @dataclasses.dataclass(frozen=True)
 class Lever:
     key: str
     name: str
-    assumption: str
-    takes: str  # what building it would take / where it comes from
-    built: bool = False
+    kind: str  # one of KINDS
+    action: str  # exactly what to set or install ("" for an upper bound)
+    rests_on: str  # the measured numbers it is costed from, with their public source
+    assumption: str  # how the model turns them into a step time
+    built: bool = False  # shipped by this project
+
+    @property
+    def takes(self) -> str:
+        return self.action or "no setting exists"
 
 
 #: Evaluates a lever: (model, baseline plan, acceptance) -> best tokens/s over k, or None.
@@ -70,6 +91,78 @@ def _best_k(cm: CostModel, base: Plan, acc: Acceptance,
         if e.fits and (best is None or e.tokens_per_s > best):
             best = e.tokens_per_s
     return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Public measurements of the settings (``settings`` of the shipped PCIe latency table)
+# ---------------------------------------------------------------------------------------------
+
+SETTINGS_TABLE = "rtx-pro-6000-pcie-x8"
+FLASHINFER = "flashinfer_pcie_ipc"
+
+
+@functools.lru_cache(maxsize=1)
+def settings_data() -> dict:
+    """The ``settings`` block of the shipped PCIe latency table (numbers with sources)."""
+    raw = load_raw("latency", SETTINGS_TABLE)
+    block = raw.get("settings")
+    if not isinstance(block, dict):
+        raise ProfileError(f"latency table {SETTINGS_TABLE!r}: field 'settings' is missing")
+    return block
+
+
+def cite(source_id: str) -> str:
+    """``repo ref`` of a source of the settings block."""
+    src = settings_data()["sources"][source_id]
+    return f"{src['repo']} {src['ref']}"
+
+
+def flashinfer_table(cm: CostModel):
+    """``cm``'s latency table with FlashInfer's PCIe-IPC all-reduce added from its public
+    microbenchmark: interpolated between the published sizes, the last segment's bandwidth
+    above them, and NCCL wherever that is faster (an upper bound above the measured sizes:
+    vLLM dispatches by size, not by speed)."""
+    spec = settings_data()["flashinfer_pcie_ipc"]
+    curve = curve_from_points(spec["allreduce"], "latency table settings.flashinfer_pcie_ipc")
+    return cm.latency.with_curve(FLASHINFER, "allreduce", curve,
+                                 description=spec["setting"], auto_crossover=True)
+
+
+def _flashinfer(cm, base, acc):
+    return _best_k(cm.with_latency(flashinfer_table(cm)), base, acc, backend=FLASHINFER)
+
+
+def nccl_simple_table(cm: CostModel):
+    """``cm``'s latency table as on a box whose NCCL picks the Simple protocol for small
+    messages: the NCCL all-reduce curve times the published Simple/LL latency ratio at each
+    size up to the largest measured one (ratio 1 above it: unmeasured)."""
+    pts = sorted(settings_data()["nccl_proto_ll"]["simple_then_ll_us"])
+
+    def ratio(x: float) -> float:  # linear in log(bytes); the first ratio below; 1 above
+        if x > pts[-1][0]:
+            return 1.0
+        if x <= pts[0][0]:
+            return pts[0][1] / pts[0][2]
+        i = next(j for j in range(1, len(pts)) if x <= pts[j][0])
+        (x0, a0, b0), (x1, a1, b1) = pts[i - 1], pts[i]
+        t = math.log(x / x0) / math.log(x1 / x0)
+        return a0 / b0 + t * (a1 / b1 - a0 / b0)
+
+    nccl = cm.latency.curves["nccl"]["allreduce"]
+    sizes = sorted(set(nccl.sizes) | {float(x) for x, _, _ in pts})
+    lifted = [[x, nccl(x) * ratio(x)] for x in sizes]
+    return cm.latency.with_curve("nccl", "allreduce",
+                                 curve_from_points(lifted, "NCCL with the Simple protocol"))
+
+
+def _nccl_ll(cm, base, acc):
+    """Gain of NCCL_PROTO=LL on a box where NCCL picks Simple: today's curve (LL-level, the
+    calibration host's NCCL) against the Simple one."""
+    with_ll = _best_k(cm, base, acc)
+    without = _best_k(cm.with_latency(nccl_simple_table(cm)), base, acc)
+    if None in (with_ll, without):
+        return None
+    return with_ll * with_ll / without  # the baseline scaled by the LL/Simple ratio
 
 
 def _with_backend(cm, base, acc):
@@ -92,7 +185,14 @@ def _tree(widths_for: Callable[[int], list[int]]) -> Evaluate:
     return ev
 
 
+#: vLLM 0.34.0's ``SpeculativeConfig.enable_adaptive_verification``: "Currently only
+#: supported for method="dspark"".
+ADAPTIVE_METHODS = ("dspark",)
+
+
 def _adaptive(cm, base, acc):
+    if base.draft.method not in ADAPTIVE_METHODS:
+        return None
     return _best_k(cm, base, acc, lambda k: Variant(
         verify_tokens_per_seq=adaptive_verify_tokens(acc, k)))
 
@@ -110,19 +210,6 @@ def _better_draft(delta: float) -> Evaluate:
     return ev
 
 
-def _oneshot_on(table: str) -> Evaluate:
-    """The one-shot kernel's gain on another measured box, applied to this baseline."""
-    def ev(cm, base, acc):
-        other = cm.with_latency(load_latency_table(table))
-        with_it = _best_k(other, base, acc, backend="custom_oneshot")
-        without = _best_k(other, base, acc, backend="nccl")
-        here = _best_k(cm, base, acc)
-        if None in (with_it, without, here):
-            return None
-        return here * with_it / without
-    return ev
-
-
 def _set(**changes) -> Evaluate:
     def ev(cm, base, acc):
         opts = cm.placement_options(base.draft)
@@ -130,57 +217,107 @@ def _set(**changes) -> Evaluate:
             return None
         if changes.get("vocab") and changes["vocab"] not in cm.vocab_options(base.draft):
             return None
+        if not all(r.buildable for r in requirements(cm, dataclasses.replace(base, **changes))):
+            return None  # e.g. a block drafter at TP=1: nobody builds it
         return _best_k(cm, base, acc, **changes)
     return ev
 
 
-LEVERS: list[tuple[Lever, Evaluate]] = [
-    (Lever("oneshot", "One-shot PCIe all-reduce (custom kernel, NCCL above its crossover)",
-           "the latency table's measured one-stage kernel on this box",
-           "an all-reduce from another library or a vLLM fork (luke's SGLang kernel, b12x, a "
-           "forced vLLM C++ custom all-reduce); vLLM 0.34 refuses its own above 2 PCIe GPUs"),
-     _with_backend),
-    (Lever("oneshot-switch", "One-shot PCIe all-reduce on a single-CPU PCIe-switch box",
-           "gain of luke's measured kernel over NCCL on that box (its own latency table)",
-           "a PCIe-switch box and the same out-of-tree kernel as above"),
-     _oneshot_on("rtx-pro-6000-pcie-switch-x8")),
-    (Lever("nccl-tuning", "NCCL per-call cost down to its idle microbenchmark",
-           "the fitted in-situ overhead per collective (rank skew, launch) removed",
-           "NCCL tuning (protocol, channels, graph registration) or tighter rank "
-           "synchronisation; unmeasured on this box"), _nccl_tuned),
-    (Lever("tree-2", "Tree verification: top-2 candidates at every depth (2k nodes)",
-           "widened chain; siblings accepted independently at the top-1 rate (upper bound)",
-           "tree attention in the verifier and a tree drafter; vLLM 0.34 has none"),
-     _tree(lambda k: [2] * k)),
-    (Lever("tree-4x1", "Tree verification: top-4 candidates at depth 1 (k+3 nodes)",
-           "widened chain; siblings accepted independently at the top-1 rate (upper bound)",
-           "tree attention in the verifier; vLLM 0.34 has none"),
-     _tree(lambda k: [4] + [1] * (k - 1))),
-    (Lever("adaptive", "Adaptive verification (vLLM 0.34, oracle bound)",
-           "verifies exactly up to the first rejection, losing no acceptance (an oracle)",
-           "stock vLLM 0.34 option; needs full CUDA graphs and refuses local-argmax drafting; "
-           "its real trimming depends on the draft's confidence, unmeasured on Kimi"),
-     _adaptive),
-    (Lever("overlap", "Drafting overlapped with the target pass's all-reduce waits",
-           "all draft compute hidden inside the target's collective time (upper bound)",
-           "a second stream and a pipelined draft; not in vLLM 0.34"), _overlap),
-    (Lever("draft+0.5", "A better draft: acceptance length + 0.5",
-           "same draft cost, acceptance length at the card's k raised by 0.5 (constant rate)",
-           "draft training (vllm-kimi-ext train, SpecForge, speculators)"), _better_draft(0.5)),
-    (Lever("draft+1.0", "A better draft: acceptance length + 1.0",
-           "same draft cost, acceptance length at the card's k raised by 1.0 (constant rate)",
-           "draft training (vllm-kimi-ext train, SpecForge, speculators)"), _better_draft(1.0)),
-    (Lever("sharded", "Vocabulary-sharded verifier (built, experimental)",
-           "every request without top-p (top-p falls back to the stock gather)",
-           "this project: VLLM_KIMI_EXT_SHARDED_VERIFY=1", built=True),
-     _set(verifier="sharded")),
-    (Lever("repemb", "Replicated draft embedding (built, patch 0007)",
-           "one draft collective fewer per draft token; 2 GB more per GPU",
-           "this project: replicate_draft_embedding", built=True), _set(placement="tp8-repemb")),
-    (Lever("tp1", "Draft at TP=1 (built, patches 0006/0009)",
-           "no draft collectives; every GPU streams the whole draft",
-           "this project: draft_tensor_parallel_size 1", built=True), _set(placement="tp1")),
-]
+def _setting_levers() -> list[tuple[Lever, Evaluate]]:
+    """The settings and packages, costed from the public numbers of :func:`settings_data`."""
+    s = settings_data()
+    fi, ll, bx = s["flashinfer_pcie_ipc"], s["nccl_proto_ll"], s["b12x_oneshot"]
+    fi_pts = ", ".join(f"{x / 1024:g} KiB {us:g} us" for x, us, _ in fi["allreduce"])
+    tpot = fi["end_to_end"]["tpot_change"]
+    ll_pts = ", ".join(f"{x // 1024} KB {a:g} -> {b:g} us" for x, a, b in ll["simple_then_ll_us"])
+    host = ll["calibration_host"]
+    b12 = bx["allreduce_1x7168_16gpu_us"]
+    return [
+        (Lever("flashinfer-pcie-ipc", "FlashInfer PCIe-IPC all-reduce", "setting",
+               f"{fi['setting']} (vLLM 0.34.0, TP 2/4/8)",
+               f"8x SM120 all-reduce {fi_pts} against NCCL ({cite('flashinfer-pr-4393')}); "
+               f"SGLang with it: time per output token {tpot[0]:+.0%} to {tpot[1]:+.0%} "
+               f"({cite('sglang-pr-34528')})",
+               "its idle latencies replace NCCL's for every all-reduce, the last segment's "
+               "bandwidth above 96 KiB and NCCL where faster; the fitted in-situ overhead per "
+               "collective stays"), _flashinfer),
+        (Lever("nccl-ll", "NCCL low-latency protocol (box whose NCCL picks Simple)", "setting",
+               f"{ll['setting']} (never LL128 on PCIe: {cite('nccl-issue-281')})",
+               f"8-GPU all-reduce with Simple -> LL: {ll_pts} ({cite(ll['source'])}); on the "
+               f"calibration host (NCCL PR #2127) Kimi MTP at concurrency 32 gave "
+               f"{host['default_tps']:g} tok/s by default and {host['ll_tps']:g} with LL "
+               f"({cite(host['source'])})",
+               "gain on a box whose NCCL picks Simple (stock NCCL 2.28 on AMD Turin, no "
+               "topology XML): its NCCL curve is today's times the Simple/LL ratio up to "
+               "256 KB; 0 % where NCCL already picks LL, as on the calibration host"), _nccl_ll),
+        (Lever("b12x", "One-shot PCIe all-reduce (b12x package)", "package",
+               f"{bx['install']}",
+               f"[1, 7168] bf16 all-reduce on 16 GPUs {b12['b12x']:g} us against NCCL "
+               f"{b12['nccl']:g} us ({cite(b12['source'])}); costed with the one-stage "
+               "kernel measured on the calibration host (latency table, custom_oneshot)",
+               "the latency table's measured one-stage kernel, NCCL above its crossover; "
+               "needs a vLLM fork or SGLang: no vLLM 0.34.0 setting"), _with_backend),
+        (Lever("adaptive", "Adaptive verification (DSpark drafts only; oracle bound)",
+               "setting",
+               '"enable_adaptive_verification": true in --speculative-config (vLLM 0.34.0, '
+               'method "dspark" only)',
+               "no measurement on Kimi: the oracle that verifies exactly up to the first "
+               "rejection (upper bound of the setting)",
+               "verify tokens per sequence = 1 + the positions reached; '-' for drafts of "
+               "other methods (vLLM 0.34.0 supports it for DSpark only)"), _adaptive),
+    ]
+
+
+def _bound_and_project_levers() -> list[tuple[Lever, Evaluate]]:
+    """The upper bounds (no setting reaches them) and what this project ships."""
+    return [
+        (Lever("nccl-tuning", "NCCL per-call cost down to its idle microbenchmark",
+               UPPER_BOUND, "",
+               "the fitted in-situ overhead per collective (calibration.fitted of the hardware "
+               "profile)",
+               "that overhead set to zero; no known setting removes it"), _nccl_tuned),
+        (Lever("overlap", "Drafting overlapped with the target pass's all-reduce waits",
+               UPPER_BOUND, "",
+               "nothing measured: all draft compute hidden inside the target's collective "
+               "time", "a second stream and a pipelined draft; not in vLLM 0.34.0"), _overlap),
+        (Lever("tree-2", "Tree verification: top-2 candidates at every depth (2k nodes)",
+               UPPER_BOUND, "",
+               "nothing measured: siblings accepted independently at the top-1 rate",
+               "widened chain; vLLM 0.34.0 has no tree attention in the verifier"),
+         _tree(lambda k: [2] * k)),
+        (Lever("tree-4x1", "Tree verification: top-4 candidates at depth 1 (k+3 nodes)",
+               UPPER_BOUND, "",
+               "nothing measured: siblings accepted independently at the top-1 rate",
+               "widened chain; vLLM 0.34.0 has no tree attention in the verifier"),
+         _tree(lambda k: [4] + [1] * (k - 1))),
+        (Lever("draft+0.5", "A better draft: acceptance length + 0.5", UPPER_BOUND, "",
+               "no draft measured at that acceptance; training one is the route "
+               "(docs/training-a-draft.md)",
+               "same draft cost, acceptance length at the card's k raised by 0.5 (constant "
+               "rate)"), _better_draft(0.5)),
+        (Lever("draft+1.0", "A better draft: acceptance length + 1.0", UPPER_BOUND, "",
+               "no draft measured at that acceptance; training one is the route "
+               "(docs/training-a-draft.md)",
+               "same draft cost, acceptance length at the card's k raised by 1.0 (constant "
+               "rate)"), _better_draft(1.0)),
+        (Lever("sharded", "Vocabulary-sharded verifier (experimental)", "this project",
+               "VLLM_KIMI_EXT=1 VLLM_KIMI_EXT_SHARDED_VERIFY=1",
+               "the gather it removes: (k+1) x 163840 bf16 logits per sequence per step",
+               "its verify step priced from the measured H200 report (docs/cost-model.md, "
+               "verify block); not priced where not measured",
+               built=True), _set(verifier="sharded")),
+        (Lever("repemb", "Replicated draft embedding", "this project",
+               '"replicate_draft_embedding": true in --speculative-config (this project\'s '
+               'patch)', "one draft collective fewer per draft token; 2 GB more per GPU",
+               "EAGLE/EAGLE-3/MTP drafts only", built=True), _set(placement="tp8-repemb")),
+        (Lever("tp1", "Draft at TP=1", "this project",
+               '"draft_tensor_parallel_size": 1 in --speculative-config (this project\'s '
+               'patches)', "no draft collectives; every GPU streams the whole draft",
+               "EAGLE/EAGLE-3/MTP and draft models", built=True), _set(placement="tp1")),
+    ]
+
+
+LEVERS: list[tuple[Lever, Evaluate]] = _setting_levers() + _bound_and_project_levers()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,5 +355,6 @@ def lever_table(cm: CostModel, draft: DraftProfile, band: AcceptanceBand,
                 got = ev(cm, plan, acc)
                 gains[b][s] = None if got is None else got / tps - 1.0
         rows.append(LeverRow(lever, gains))
-    rows.sort(key=lambda r: (r.lever.built, -(r.gain(batches[0]) or -1.0)))
+    rows.sort(key=lambda r: (r.lever.built, r.lever.kind == UPPER_BOUND,
+                             -(r.gain(batches[0]) or -1.0)))
     return rows

@@ -14,12 +14,12 @@ Exit codes: 0 no errors (warnings allowed), 1 errors found, 2 unreadable input.
 
 ``vllm-kimi-ext draft tli-check --target T --draft D [--json]`` reports how a
 draft tokenizer maps onto the target's for ``method: kimi_tli``
-(:mod:`vllm_kimi_ext.drafts.tli`). Exit codes: 0 usable, 1 below
+(:mod:`vllm_kimi_ext.drafts.tli.maps`). Exit codes: 0 usable, 1 below
 ``--min-shared-fraction``, 2 refused input.
 
 ``vllm-kimi-ext draft shrink-vocab --head H --tokenizer T --corpus F [...] --out O``
 turns a full-vocabulary EAGLE-3 head into a reduced-vocabulary one
-(:mod:`vllm_kimi_ext.drafts.shrink_vocab`). Exit codes: 0 written, 2 refused
+(:mod:`vllm_kimi_ext.drafts.shrink_vocab.shrink`). Exit codes: 0 written, 2 refused
 input (nothing written).
 """
 
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _register_doctor(subparsers: argparse._SubParsersAction) -> None:
-    from .doctor import METHODS
+    from .doctor.diagnosis import METHODS
 
     p = subparsers.add_parser(
         "doctor",
@@ -81,8 +81,8 @@ def _register_doctor(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from .doctor import diagnose
-    from .doctor_codes import FINDING_CODES, text_table
+    from .doctor.codes import FINDING_CODES, text_table
+    from .doctor.diagnosis import diagnose
 
     if args.list_codes:
         if args.json:
@@ -154,7 +154,7 @@ def _register_tli_check(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_tli_check(args: argparse.Namespace) -> int:
-    from .tli import build_tli_maps
+    from .tli.maps import build_tli_maps
 
     maps = build_tli_maps(args.target, args.draft, target_vocab_size=args.target_vocab_size,
                           draft_vocab_size=args.draft_vocab_size)
@@ -176,8 +176,8 @@ def run_tli_check(args: argparse.Namespace) -> int:
 
 
 def _register_shrink_vocab(subparsers: argparse._SubParsersAction) -> None:
-    from .corpus import DEFAULT_FIELDS
-    from .shrink_vocab import DEFAULT_SIZE  # light module (no torch import)
+    from .shrink_vocab.corpus import DEFAULT_FIELDS
+    from .shrink_vocab.shrink import DEFAULT_SIZE  # light module (no torch import)
 
     p = subparsers.add_parser(
         "shrink-vocab",
@@ -292,8 +292,8 @@ def _load_tokenizer(name: str, trust_remote_code: bool) -> _HFTokenizer:
 
 
 def run_shrink_vocab(args: argparse.Namespace) -> int:
-    from .output_dir import terminate_as_interrupt
-    from .shrink_vocab import check_inputs, shrink_vocab
+    from .shrink_vocab.output_dir import terminate_as_interrupt
+    from .shrink_vocab.shrink import check_inputs, shrink_vocab
 
     field, per_file = parse_fields(args.field, args.corpus)
     # everything cheap first: the output path, the head, the corpus files' first bytes

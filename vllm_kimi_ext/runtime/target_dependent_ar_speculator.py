@@ -9,7 +9,7 @@ from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import (
     TargetDependentARSpeculator,
 )
 
-from vllm_kimi_ext.drafts import agreement
+from vllm_kimi_ext.integration import draft_agreement
 from vllm_kimi_ext.patching import Patch
 
 
@@ -20,5 +20,5 @@ class TargetDependentARSpeculatorAgreementCheck(Patch[TargetDependentARSpeculato
     def propose(self, *args, **kwargs):
         tokens = TargetDependentARSpeculatorAgreementCheck.original("propose")(
             self, *args, **kwargs)
-        agreement.check_after_propose(self, tokens)
+        draft_agreement.check_after_propose(self, tokens)
         return tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vllm.config import VllmConfig
 
-from vllm_kimi_ext.drafts import hook
+from vllm_kimi_ext.integration import draft_check
 from vllm_kimi_ext.patching import Patch
 
 
@@ -15,5 +15,5 @@ class VllmConfigDraftCheck(Patch[VllmConfig]):
     this method at that point)."""
 
     def _limit_max_model_len_to_draft(self) -> None:
-        hook.check_unless_skipped(self)
+        draft_check.check_unless_skipped(self)
         return VllmConfigDraftCheck.original("_limit_max_model_len_to_draft")(self)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext import facts
 from vllm_kimi_ext.findings import Finding
 
 from .kimi_files import SPECIAL_FIELDS, KimiTokenizerFiles, load_tokenizer_dir
@@ -44,27 +45,8 @@ __all__ = [
 ]
 
 #: Tokens Kimi-K2.5's chat format and parsers rely on, checked even when the
-#: target's chat template does not spell them out.
-FIXED_TEMPLATE_TOKENS = (
-    "[BOS]",
-    "[EOS]",
-    "<|im_end|>",
-    "<|im_user|>",
-    "<|im_assistant|>",
-    "<|im_system|>",
-    "<|im_middle|>",
-    "<think>",
-    "</think>",
-    "<|tool_calls_section_begin|>",
-    "<|tool_calls_section_end|>",
-    "<|tool_call_begin|>",
-    "<|tool_call_argument_begin|>",
-    "<|tool_call_end|>",
-    "<|media_begin|>",
-    "<|media_content|>",
-    "<|media_end|>",
-    "<|media_pad|>",
-)
+#: target's chat template does not spell them out (the model profile's special tokens).
+FIXED_TEMPLATE_TOKENS = facts.special_tokens().all
 
 _TEMPLATE_TOKEN_RE = re.compile(r"<\|[A-Za-z0-9_]+\|>|\[[A-Z]{2,5}\]|</?think>")
 _SEVERITIES = ("info", "compatible", "incompatible")

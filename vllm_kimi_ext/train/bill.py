@@ -21,7 +21,7 @@ import json
 import math
 from pathlib import Path
 
-from vllm_kimi_ext.facts import target_dims
+from vllm_kimi_ext.facts import draft_shape, target_dims
 
 from . import settings
 from .layout import DataError
@@ -34,8 +34,8 @@ _DIMS = target_dims()
 KIMI_HIDDEN = _DIMS.hidden_size
 KIMI_LAYERS = _DIMS.num_layers
 KIMI_VOCAB = _DIMS.vocab_size
-#: ~32B parameters active per token (Kimi-K2.5 model card: 1.04T total, 32B activated).
-KIMI_ACTIVE_PARAMS = 32e9
+#: Parameters active per token (the model profile, from the Kimi-K2.5 model card).
+KIMI_ACTIVE_PARAMS = _DIMS.active_params
 
 #: lightseekorg/kimi-k2.5-eagle3 (and -mla) model cards: 4 nodes x 8 H200, 16 GPUs train
 #: (FSDP) while 16 run the target (TP=8) for online hidden states; two phases of ~14 h,
@@ -47,10 +47,13 @@ LIGHTSEEK = {"train_gpus": 16, "inference_gpus": 16, "hours": 28.0, "samples": 6
 #: sparsity, i.e. 989 dense).
 H200_BF16_TFLOPS = 989.0
 
-#: The public Llama-style K2.5 head (costmodel profile lightseek-eagle3): hidden 7168,
-#: 64 heads, 8 KV heads (assumed), head_dim 128, MLP 12288, 3 aux states, full vocab.
-LIGHTSEEK_HEAD = {"hidden": KIMI_HIDDEN, "heads": 64, "kv_heads": 8, "head_dim": 128,
-                  "intermediate": 12288, "num_aux": 3, "draft_vocab": KIMI_VOCAB}
+#: The public Llama-style K2.5 head, shaped as its cost-model profile lightseek-eagle3 says
+#: (one layer; KV heads assumed there), full vocabulary.
+_HEAD = draft_shape("lightseek-eagle3")
+LIGHTSEEK_HEAD = {"hidden": _HEAD.hidden_size, "heads": _HEAD.num_attention_heads,
+                  "kv_heads": _HEAD.num_key_value_heads, "head_dim": _HEAD.head_dim,
+                  "intermediate": _HEAD.intermediate_size,
+                  "num_aux": _HEAD.num_aux_hidden_states, "draft_vocab": _HEAD.vocab_size}
 
 #: ASSUMPTION: model FLOP utilisation of EAGLE-3 training (one layer, a wide lm_head).
 TRAIN_MFU = 0.3
@@ -75,7 +78,8 @@ class Traffic:
         return self.prompts * self.response_tokens
 
 
-def hidden_bytes_per_token(hidden: int = KIMI_HIDDEN, num_aux: int = 3, last: bool = True,
+def hidden_bytes_per_token(hidden: int = KIMI_HIDDEN,
+                           num_aux: int = LIGHTSEEK_HEAD["num_aux"], last: bool = True,
                            dtype_bytes: int = 2, token_id_bytes: int = 8) -> int:
     """Stored per token: the aux states, the last layer's state, the token id."""
     return (num_aux + (1 if last else 0)) * hidden * dtype_bytes + token_id_bytes

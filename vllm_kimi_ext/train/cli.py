@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from vllm_kimi_ext import facts
 from vllm_kimi_ext.train import settings
 from vllm_kimi_ext.train.settings import add_flags, from_args
 from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError
@@ -198,9 +199,11 @@ def _register_train(sub) -> None:
                        help="reduced draft vocabulary: the most frequent response tokens")
     vocab.add_argument("--draft-vocab-from", default=None,
                        help="take d2t/t2d from a `draft shrink-vocab` output directory")
+    head = facts.draft_shape("lightseek-eagle3")  # the public Llama-style head, as an example
+    example = {"head_dim": head.head_dim, "num_key_value_heads": head.num_key_value_heads,
+               "intermediate_size": head.intermediate_size}
     p.add_argument("--draft-layer", type=_json_arg, default=None,
-                   help='Llama layer fields of a fresh head, e.g. \'{"head_dim": 128, '
-                        '"num_key_value_heads": 8, "intermediate_size": 12288}\'')
+                   help=f"Llama layer fields of a fresh head, e.g. '{json.dumps(example)}'")
     add_flags(p, settings.TrainConfig)
     add_flags(p, settings.Holdout)
     p.set_defaults(func=run_train)
@@ -327,8 +330,11 @@ def run_bill(args) -> int:
         cmp = b.fine_tune_vs_switch(args.tau_now, args.tau_after,
                                     args.tau_alt if args.tau_alt is not None else args.tau_now,
                                     result.box_hours, args.alt_step_cost)
-    if args.json:
-        print(json.dumps({"bill": result.to_dict(), "compare": cmp}, indent=1, default=str))
+    if args.json:  # strict JSON: a payback that never comes is null, not Infinity
+        from vllm_kimi_ext.costmodel.cli import strict
+
+        print(json.dumps(strict({"bill": result.to_dict(), "compare": cmp}), indent=1,
+                         allow_nan=False))
     else:
         print(b.format_bill(result, cmp))
     return EXIT_OK

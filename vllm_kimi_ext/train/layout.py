@@ -172,7 +172,7 @@ def update_manifest(data_dir: str | Path, **sections: Any) -> dict:
 def safetensors_shapes(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{name: (dtype, shape)}`` from a safetensors header, or ``{}`` if unreadable
     (a file torn by an interrupted run counts as absent)."""
-    from vllm_kimi_ext.drafts.doctor import read_safetensors_header
+    from vllm_kimi_ext.checkpoints.safetensors_headers import read_safetensors_header
 
     try:
         return read_safetensors_header(path)

@@ -61,7 +61,8 @@ def load_conversations(paths: Sequence[str | Path], *, field: str | None = None,
                        first_turn_only: bool = False, limit: int | None = None
                        ) -> list[Conversation]:
     """Conversations of the prompt files, in file order (``limit`` per file)."""
-    from vllm_kimi_ext.drafts.shrink_vocab import ShrinkVocabError, iter_documents
+    from vllm_kimi_ext.drafts.shrink_vocab.corpus import iter_documents
+    from vllm_kimi_ext.drafts.shrink_vocab.shrink import ShrinkVocabError
 
     out: list[Conversation] = []
     for path in paths:

@@ -138,7 +138,7 @@ def draft_vocab(data_dir: str | Path, target_dir: str | Path, samples: Sequence[
     (shrink-vocab's selection rule)."""
     from collections import Counter
 
-    from vllm_kimi_ext.drafts.shrink_vocab import ShrinkVocabError, select_kept_ids
+    from vllm_kimi_ext.drafts.shrink_vocab.shrink import ShrinkVocabError, select_kept_ids
 
     if from_dir is not None and size is not None:
         raise DataError("--draft-vocab-from and --draft-vocab-size exclude each other")
@@ -263,7 +263,7 @@ def train(
               "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
               "losses": [round(x, 5) for x in losses], "library": _library_version()}
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-    from vllm_kimi_ext.drafts.doctor import diagnose
+    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     report = diagnose(target_dir, out, method="eagle3")
     log(report.format_text())

@@ -321,20 +321,92 @@ def draft_probs_shard(values, expanded_idx_mapping, expanded_local_pos, temperat
     return out
 
 
+def _count_on_device(out) -> None:
+    """Rows that needed the escalation round and requests stopped at a deferred row,
+    accumulated on the device (no host read per step; :func:`device_counts` reads them)."""
+    acc = _state.get("device")
+    if acc is None or acc.device != out.uncertified.device:
+        import torch
+
+        acc = _state["device"] = torch.zeros(2, dtype=torch.int64, device=out.uncertified.device)
+    acc[0] += out.uncertified.sum()
+    acc[1] += out.stopped.sum()
+
+
+def device_counts() -> dict[str, int]:
+    """``{"escalated_rows": n, "deferred_requests": n}`` since start (one host read)."""
+    acc = _state.get("device")
+    if acc is None:
+        return {"escalated_rows": 0, "deferred_requests": 0}
+    a, b = acc.tolist()
+    return {"escalated_rows": a, "deferred_requests": b}
+
+
+def step_plan_from_params(params: list[Any], *, tp_size: int, shard_width: int,
+                          num_rows: int, max_rows_per_req: int, vocab_size: int,
+                          probabilistic: bool, logits_bytes: int):
+    """The step's :class:`~vllm_kimi_ext.verify.graph_step.StepPlan` from the requests'
+    ``SamplingParams`` (host objects: no device read)."""
+    from vllm_kimi_ext.verify.graph_step import plan_step
+
+    def get(p, name, default):
+        v = p.get(name, default) if isinstance(p, dict) else getattr(p, name, default)
+        return default if v is None else v
+
+    greedy = [float(get(p, "temperature", 1.0)) == 0.0 for p in params]
+    any_cut = may_escalate = uncut = False
+    max_k = 0
+    for p, g in zip(params, greedy):
+        if g:
+            continue
+        k = int(get(p, "top_k", 0))
+        k = k if 0 < k < vocab_size else 0
+        mp = float(get(p, "min_p", 0.0))
+        tp = float(get(p, "top_p", 1.0))
+        cut = k > 0 or mp > 0 or tp < 1
+        any_cut |= cut
+        uncut |= not cut
+        max_k = max(max_k, k)
+        may_escalate |= cut and k == 0 and (tp < 1 or mp > 0)
+    return plan_step(tp_size=tp_size, shard_width=shard_width, num_rows=num_rows,
+                     num_reqs=len(params), max_rows_per_req=max_rows_per_req,
+                     all_greedy=all(greedy), any_cut=any_cut, max_top_k=max_k,
+                     may_escalate=may_escalate, probabilistic=probabilistic,
+                     any_uncut_sampling=uncut, logits_bytes=logits_bytes)
+
+
+def draft_probs_full(values, expanded_idx_mapping, expanded_local_pos, temperature_rows,
+                     vocab_size: int):
+    """The draft distribution ``q`` per logits row over the whole vocabulary, as vLLM's
+    rejection sampler defines it (see :func:`draft_probs_shard`); every rank holds the
+    replicated cache, so this needs no collective."""
+    import torch
+
+    steps = values.shape[1]
+    step = expanded_local_pos.long().clamp(max=steps - 1)
+    z = values[expanded_idx_mapping.long(), step, :vocab_size].float()
+    t = torch.where(temperature_rows > 0, temperature_rows, torch.ones_like(temperature_rows))
+    return torch.softmax(z / t[:, None], dim=-1)
+
+
 def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verifier: Any):
     """The sharded verification step; returns what ``GPUModelRunner.sample`` returns.
 
     Per-request temperature, seed, top-k, top-p and min-p come from vLLM's
-    ``SamplingStates`` (the tensors vLLM's own rejection sampler reads); with
-    probabilistic drafts each rank slices ``q`` from vLLM's replicated draft-logits
-    cache (:func:`draft_probs_shard`)."""
+    ``SamplingStates`` (the tensors vLLM's own rejection sampler reads); the step's
+    shapes and rounds from the requests' ``SamplingParams`` (host objects), so nothing
+    here reads the device. ``make_verifier(shard_width)`` returns a callable
+    ``(logits_shard, StepInputs, StepPlan, q_full) -> StepOutput`` (a
+    :class:`~vllm_kimi_ext.verify.graph_step.StepGraphs`, or a
+    :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep`'s ``run``); its
+    ``last_plan`` is set to the plan it ran."""
     import torch
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import gather_draft_sampled
 
     from vllm_kimi_ext.comm import phase
-    from vllm_kimi_ext.verify.batch import VerifyBatch
+    from vllm_kimi_ext.verify.graph_step import StepInputs
 
     sampler = runner.sampler
     states = sampler.sampling_states
@@ -343,28 +415,31 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
         input_batch.input_ids, input_batch.positions, input_batch.logits_indices,
         input_batch.expanded_idx_mapping, input_batch.expanded_local_pos,
         sampler.req_states.prefill_len.gpu)
-    batch = VerifyBatch(
-        cu_num_rows=input_batch.cu_num_logits.long(),
-        draft_token_ids=_bonus_layout_drafts(draft_sampled, input_batch.cu_num_logits),
-        temperature=states.temperature.gpu[idx].float(),
-        seeds=states.seeds.gpu[idx].long(),
-        top_k=states.top_k.gpu[idx].long(),
-        min_p=states.min_p.gpu[idx].float(),
-        positions=pos.long(),
-        top_p=states.top_p.gpu[idx].float(),
-    )
+    width = runner.rejection_sampler.num_speculative_steps + 1
     cache = runner.speculator.draft_logits
+    params = request_params(sampler, input_batch.idx_mapping_np)
     with phase("verify"):
         local = runner.model.compute_logits_local(hidden_states[input_batch.logits_indices])
         verifier = make_verifier(local.shape[-1])
+        V = verifier.vocab_size
+        inp = StepInputs.from_requests(
+            input_batch.cu_num_logits, _bonus_layout_drafts(draft_sampled,
+                                                            input_batch.cu_num_logits),
+            states.temperature.gpu[idx], states.seeds.gpu[idx], pos, states.top_k.gpu[idx],
+            states.min_p.gpu[idx], states.top_p.gpu[idx], V)
+        plan = step_plan_from_params(
+            params, tp_size=verifier.tp_size, shard_width=local.shape[-1],
+            num_rows=int(local.shape[0]), max_rows_per_req=width, vocab_size=V,
+            probabilistic=cache is not None, logits_bytes=local.element_size())
         q = None
         if cache is not None:
-            q = draft_probs_shard(
-                cache.values, input_batch.expanded_idx_mapping, input_batch.expanded_local_pos,
-                states.temperature.gpu[input_batch.expanded_idx_mapping].float(),
-                verifier.vocab_size, verifier.col_offset, verifier.shard_width)
-        out = verifier.verify(local, batch, q)
-    width = runner.rejection_sampler.num_speculative_steps + 1
+            q = draft_probs_full(cache.values, input_batch.expanded_idx_mapping,
+                                 input_batch.expanded_local_pos,
+                                 states.temperature.gpu[input_batch.expanded_idx_mapping].float(),
+                                 V)
+        out = verifier(local, inp, plan, q)
+        _count_on_device(out)
+        verifier.last_plan = plan
     sampled = out.sampled
     if sampled.shape[1] < width:
         pad = sampled.new_full((sampled.shape[0], width - sampled.shape[1]), -1)
@@ -378,6 +453,26 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
     return so, num_sampled, num_rejected
 
 
+class _Eager:
+    """The step run eagerly (no CUDA graph), with the same call signature as StepGraphs."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __call__(self, logits_shard, inp, plan, q_full=None):
+        return self.step.run(logits_shard, inp, plan, q_full)
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
+
+
+def _max_verify_rows(runner: Any) -> int:
+    """Rows of the largest verification step: ``max_num_reqs x (k + 1)``."""
+    k = runner.rejection_sampler.num_speculative_steps
+    reqs = getattr(getattr(runner, "scheduler_config", None), "max_num_seqs", None) or 256
+    return int(reqs) * (k + 1)
+
+
 def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any,
                 grammar_output: Any):
     """``GPUModelRunner.sample`` with sharded verification: an eligible
@@ -386,7 +481,9 @@ def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any
     :data:`FALLBACKS` with its reason."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
 
-    from vllm_kimi_ext.verify.sharded import VocabShardedVerifier, group_coordinator_all_gather
+    from vllm_kimi_ext import envs
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
+    from vllm_kimi_ext.verify.sharded import group_coordinator_all_gather
 
     tp = get_tp_group().world_size
     vocab = runner.model_config.get_vocab_size()
@@ -399,13 +496,15 @@ def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any
 
     def make_verifier(shard_width: int):
         if shard_width not in cache:  # the lm_head's (padded) vocab shard
-            cache[shard_width] = VocabShardedVerifier(
-                vocab, tp, get_tensor_model_parallel_rank(),
-                group_coordinator_all_gather(get_tp_group()), shard_width=shard_width)
+            step = GraphVerifyStep(vocab, tp, get_tensor_model_parallel_rank(),
+                                   group_coordinator_all_gather(get_tp_group()),
+                                   shard_width=shard_width)
+            cache[shard_width] = StepGraphs(step, max_rows=_max_verify_rows(runner)) \
+                if envs.SHARDED_VERIFY_GRAPHS.get() else _Eager(step)
         return cache[shard_width]
 
     _state["steps"] += 1
     if _state["steps"] % 1000 == 0:
-        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s",
-                    _state["steps"], FALLBACKS.as_dict())
+        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s",
+                    _state["steps"], FALLBACKS.as_dict(), device_counts())
     return sharded_sample(runner, hidden_states, input_batch, make_verifier)

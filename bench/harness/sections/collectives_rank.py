@@ -16,8 +16,12 @@ import inspect
 import types
 from typing import Any
 
-#: Kimi-K2.5 dims for the projection (CONTEXT.md).
-KIMI = {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840}
+from vllm_kimi_ext import facts
+
+#: Kimi-K2.5 dims for the projection (the cost model's model profile, through facts).
+_DIMS = facts.target_dims()
+KIMI = {"num_hidden_layers": _DIMS.num_layers, "hidden_size": _DIMS.hidden_size,
+        "vocab_size": _DIMS.vocab_size}
 KIMI_TP = 8
 
 

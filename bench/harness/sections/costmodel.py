@@ -1,8 +1,16 @@
-"""Section ``costmodel`` (any machine): the cost model's plan for 8x PCIe, a prediction."""
+"""Section ``costmodel`` (any machine): the cost model's answer for 8x PCIe, a prediction.
+
+It prints and reports :func:`vllm_kimi_ext.costmodel.headline.headline`'s answer, the one
+README.md and docs/what-to-run.md show (a test runs this section and compares).
+"""
 
 from __future__ import annotations
 
 from bench.harness.sections.base import Context, Outcome
+
+INTRO = ("A **model**, not a measurement: the decode cost model's answer for Kimi-K2.5 on the "
+         "calibrated 8x RTX PRO 6000 profile. Every draft and configuration: "
+         "[costmodel-plan.md](costmodel-plan.md).")
 
 
 def needs_costmodel(caps: dict, ctx: Context) -> str | None:
@@ -10,23 +18,24 @@ def needs_costmodel(caps: dict, ctx: Context) -> str | None:
 
 
 def run_costmodel(ctx: Context) -> Outcome:
-    from vllm_kimi_ext.costmodel.headline import headline_markdown
+    from vllm_kimi_ext.costmodel.headline import headline, headline_markdown
     from vllm_kimi_ext.costmodel.report import PCIE, markdown_report
 
-    # the same text as README.md's "What to run" section and docs/what-to-run.md
-    ctx.progress("headline (cost model, a forecast):\n" + headline_markdown())
-    text = markdown_report(ctx.out, hardware=PCIE, name="costmodel-plan",
+    h = headline()
+    ctx.progress("what to run (cost model, a forecast):\n" + headline_markdown(h))
+    text = markdown_report(ctx.out, name="costmodel-plan",
                            title="Cost-model plan: Kimi-K2.5 on 8x PCIe, TP=8")
     body = text.split("\n", 1)[1].strip()  # drop its title
     short, _, rest = body.partition("**All configurations**")
-    md = [
-        ("A **model**, not a measurement: the decode cost model's recommendation for every "
-        "draft with published acceptance, on the calibrated 8x RTX PRO 6000 profile. Full "
-        "table of configurations: [costmodel-plan.md](costmodel-plan.md)."),
-        "",
-        short.strip(),
-    ]
-    rows = sum(1 for ln in rest.splitlines() if ln.startswith("| ") and "---" not in ln) - 1
-    return Outcome("ok", data={"hardware": PCIE, "configurations": max(rows, 0)},
-                   markdown="\n".join(md),
+    rows = sum(1 for ln in rest.split("**Step breakdown")[0].splitlines()
+               if ln.startswith("| ") and "---" not in ln) - 1
+    p = h.plan
+    answer = {"draft": h.draft.name, "checkpoint": h.draft.checkpoint, "k": p.k,
+              "placement": p.placement, "vocab": p.vocab, "verifier": p.verifier,
+              "backend": p.backend, "tokens_per_s_card": round(h.choice.robust_tps["card"], 1),
+              "tokens_per_s_low": round(h.choice.robust_tps["low"], 1),
+              "tokens_per_s_high": round(h.choice.robust_tps["high"], 1)}
+    return Outcome("ok", data={"hardware": PCIE, "configurations": max(rows, 0),
+                               "answer": answer},
+                   markdown="\n".join([INTRO, "", short.strip()]),
                    artifacts=["costmodel-plan.md", "costmodel-plan.png"])

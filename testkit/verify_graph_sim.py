@@ -1,0 +1,64 @@
+"""Run :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep` on simulated TP ranks
+(one thread per rank, real all-gather semantics) and compare it with the reference."""
+
+from __future__ import annotations
+
+import torch
+
+from testkit.verify_equivalence import assert_equivalent
+from testkit.verify_simulate import run_ranks, shard_columns
+from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs, StepOutput
+from vllm_kimi_ext.verify.reference import ReferenceVerifier
+
+
+def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,
+                        vocab_size: int, draft_probs: torch.Tensor | None = None, *,
+                        shard_width: int | None = None, pad_value: float = 0.0,
+                        backend: str = "torch", step_cls: type = GraphVerifyStep,
+                        **plan_kw):
+    """Every rank's :class:`StepOutput` (rank order), the group and the plan."""
+    shards = shard_columns(logits, tp_size, vocab_size, shard_width, pad_value)
+    L = batch.layout()
+    inp = StepInputs.from_layout(L, vocab_size)
+    plans = {}
+
+    def fn(rank, ag) -> StepOutput:
+        step = step_cls(vocab_size, tp_size, rank, ag, shard_width=shard_width, backend=backend)
+        plan = step.plan(L, probabilistic=draft_probs is not None,
+                         logits_bytes=logits.element_size(), **plan_kw)
+        plans[rank] = plan
+        return step.run(shards[rank], inp, plan, draft_probs)
+
+    outs, group = run_ranks(tp_size, fn)
+    return outs, group, plans[0]
+
+
+def as_verify_output(o: StepOutput) -> VerifyOutput:
+    return VerifyOutput(sampled=o.sampled, num_sampled=o.num_sampled,
+                        accept_margin=o.accept_margin, nucleus_margin=o.nucleus_margin)
+
+
+def check_graph_step(logits, batch, vocab_size, tp_size, draft_probs=None, **kw):
+    """Graph step on every rank == full-logits reference (token for token, up to certified
+    rounding flips); ranks agree; a deferred request emits a prefix of the reference's
+    tokens. Returns ``(rank-0 output, group, plan, deferred requests)``."""
+    ref = ReferenceVerifier(vocab_size).verify(logits, batch, draft_probs)
+    outs, group, plan = simulate_graph_step(logits, batch, tp_size, vocab_size, draft_probs,
+                                            **kw)
+    out = outs[0]
+    for o in outs[1:]:
+        assert torch.equal(o.sampled, out.sampled) and torch.equal(o.num_sampled, out.num_sampled)
+    ours = as_verify_output(out)
+    stopped = out.stopped.nonzero().squeeze(1).tolist()
+    if stopped:
+        ref_tok, our_tok = ref.tokens(), ours.tokens()
+        sampled, num = ours.sampled.clone(), ours.num_sampled.clone()
+        for i in stopped:
+            assert len(our_tok[i]) >= 1, f"request {i} deferred at its first row"
+            assert ref_tok[i][:len(our_tok[i])] == our_tok[i], (i, ref_tok[i], our_tok[i])
+            sampled[i], num[i] = ref.sampled[i], ref.num_sampled[i]
+        ours = VerifyOutput(sampled, num, ours.accept_margin, ours.nucleus_margin)
+    assert_equivalent(ref, ours, batch, logits=logits, vocab_size=vocab_size,
+                      draft_probs=draft_probs)
+    return out, group, plan, stopped

@@ -1,0 +1,112 @@
+"""``nox -s upstream-check``'s driver: pins read from vLLM's pre-commit config, which changed
+files each hook gets, which vLLM tests each patch adds, junit outcomes, and its bad inputs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testkit import upstream_check as uc
+
+CONFIG = """\
+repos:
+- repo: https://github.com/astral-sh/ruff-pre-commit
+  rev: f368fb366ff7f2f808dd324b83a6d32267799e19  # frozen: v0.17.2
+  hooks:
+  - id: ruff-check
+- repo: https://github.com/crate-ci/typos
+  rev: 9023c1f779400877cafdd98052113fc777e2cfdc  # frozen: v1.51.1
+  hooks:
+  - id: typos
+- repo: local
+  hooks:
+  - id: mypy
+    entry: python tools/pre_commit/mypy.py "3.11"
+    language: python
+    additional_dependencies: ["mypy==1.20.2", regex, types-PyYAML, "pydantic==2.13.5"]
+"""
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@example.org",
+           "GIT_COMMITTER_NAME": "A", "GIT_COMMITTER_EMAIL": "a@example.org",
+           "HOME": str(repo), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout
+
+
+def test_pins_come_from_the_pre_commit_config(tmp_path):
+    (tmp_path / uc.PRE_COMMIT_CONFIG).write_text(CONFIG)
+    assert uc.pinned_requirements(tmp_path) == [
+        "ruff==0.17.2", "typos==1.51.1", "mypy==1.20.2", "regex", "types-PyYAML",
+        "pydantic==2.13.5", "PyYAML"]
+
+
+def test_hook_files_follow_files_exclude_and_types():
+    files = ["vllm/a.py", "vllm/third_party/b.py", "tests/test_c.py", ".buildkite/x.yaml",
+             "README.md"]
+    ruff = {"id": "ruff-check", **uc.HOOK_DEFAULTS["ruff-check"]}
+    assert uc.hook_files(ruff, files, "vllm/third_party/.*") == ["vllm/a.py", "tests/test_c.py"]
+    tethering = {"id": "t", "files": r"^(tests/.*\.py|\.buildkite/.*\.yaml)$"}
+    assert uc.hook_files(tethering, files, "") == ["tests/test_c.py", ".buildkite/x.yaml"]
+    only_vllm = {"id": "v", "types": ["python"], "files": "^vllm/", "exclude": "third_party"}
+    assert uc.hook_files(only_vllm, files, "") == ["vllm/a.py"]
+
+
+def test_each_patch_runs_the_tests_it_adds(tmp_path):
+    repo = tmp_path / "vllm"
+    (repo / "tests" / "b").mkdir(parents=True)
+    (repo / "tests" / "b" / "test_old.py").write_text("def test_kept():\n    pass\n")
+    _git(repo.parent, "init", "-q", "-b", "baseline", str(repo))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    _git(repo, "tag", uc.BASELINE_TAG)
+    _git(repo, "checkout", "-qb", uc.FORK_BRANCH)
+    (repo / "tests" / "a").mkdir()
+    (repo / "tests" / "a" / "test_new.py").write_text("def test_x():\n    pass\n")
+    (repo / "tests" / "a" / "helpers.py").write_text("X = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "[A] first")
+    with open(repo / "tests" / "b" / "test_old.py", "a") as fh:
+        fh.write("\n\ndef test_added():\n    pass\n")
+    _git(repo, "commit", "-qam", "[B] second")
+    first, second = uc.patch_tests(repo)
+    assert (first.number, first.subject, first.nodes, first.support) == (
+        "0001", "[A] first", ["tests/a/test_new.py"], ["tests/a/helpers.py"])
+    assert second.nodes == ["tests/b/test_old.py::test_added"]
+    assert uc.changed_files(repo) == ["tests/a/helpers.py", "tests/a/test_new.py",
+                                      "tests/b/test_old.py"]
+
+
+def test_junit_outcomes_fold_parametrized_cases(tmp_path):
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase file="tests/t.py" name="test_a[1]"/>'
+        '<testcase file="tests/t.py" name="test_a[2]"><failure message="x"/></testcase>'
+        '<testcase file="tests/t.py" name="test_b"><skipped/></testcase>'
+        '<testcase file="tests/t.py" name="test_c"/>'
+        '</testsuite></testsuites>')
+    assert uc._outcomes(junit) == {"tests/t.py::test_a": "failed",
+                                   "tests/t.py::test_b": "skipped",
+                                   "tests/t.py::test_c": "passed"}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "usage: upstream_check"),
+    (["lint", "x"], "usage: upstream_check"),
+    (["pins", "{missing}"], "no .pre-commit-config.yaml (not a vLLM tree)"),
+    (["hooks", "{tree}"], "hooks: expected TREE and one more argument"),
+    (["pins", "{no_pins}"], "no frozen version for astral-sh/ruff-pre-commit"),
+])
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    tree, no_pins = tmp_path / "tree", tmp_path / "no_pins"
+    for d, text in ((tree, CONFIG), (no_pins, "repos: []\n")):
+        d.mkdir()
+        (d / uc.PRE_COMMIT_CONFIG).write_text(text)
+    argv = [a.format(missing=tmp_path / "missing", tree=tree, no_pins=no_pins) for a in argv]
+    assert uc.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("upstream-check: ") and err.count("\n") == 1

@@ -1,0 +1,460 @@
+"""The verify step of three verifiers, priced from measured per-rank step times and bytes.
+
+Verifiers (TP ranks ``t``, vocabulary ``V``, ``n = B (k + 1)`` verified rows):
+
+* ``stock`` - vLLM 0.34.0 as shipped: one all-gather of the ``[n, V]`` bf16 logits, then
+  top-p and ``rejection_sample`` over the full vocabulary on every rank;
+* ``sharded`` - this project's vocabulary-sharded verifier (``VLLM_KIMI_EXT_SHARDED_VERIFY=1``):
+  each rank verifies over its own shard; ``rounds`` all-gathers of a fixed payload per row;
+* ``batch_sharded`` - vLLM 0.34.0's ``--enable-batch-sharded-sampling``
+  (``v1/worker/gpu/sample/batch_shard.py``): requests are owned round-robin by the ranks
+  (``shard_owners``: batch position mod ``t``); one all-to-all sends every rank's vocabulary
+  shard of each row to the row's owner, which samples and verifies its own requests on the
+  full vocabulary, then one all-gather of the packed sampler output (int64: ``k + 1`` token
+  ids, ``num_sampled``, ``num_rejected`` per request).
+
+**Compute** is the per-rank time of each verify step captured in a CUDA graph on one H200
+(communication excluded), read from the measured report
+``bench/reports/verify_graph_vs_vllm_h200.json`` (:func:`load_report`; the package reads its
+copy under ``profiles/verify/``). It is an H200
+measurement used as a forecast input for the RTX PRO 6000 tables, not a claim about that
+card. Row counts between two measured ones are interpolated linearly; outside the measured
+range, or without the report, a price is ``None`` ("not measured: not priced"), never an
+assumed number. ``batch_sharded`` runs vLLM's own kernels on the rows its busiest rank owns,
+so its compute is the measured ``vllm_graph_us`` at ``ceil(B / t) (k + 1)`` rows; its
+host-side shard plan and its pack/unpack kernels are not measured and not priced (its price
+is a lower bound).
+
+**Communication** uses the cost model's PCIe collective model (the hardware profile's
+latency table, all of whose points are published measurements, plus the fitted in-situ
+overhead per collective), once per round, on NCCL. The latency table has no all-to-all
+curve, so ``batch_sharded``'s all-to-all is priced as the NCCL all-gather in which every rank
+receives as many bytes as the busiest rank of the all-to-all (``ceil(B / t) (k + 1)`` full
+rows): a modelling rule, not a measurement.
+
+``payload_bytes_per_row_per_rank`` is read as what one rank contributes per row **in each**
+all-gather round (the verifier's rounds have a fixed size); a report whose rounds differ in
+size prices the step at its largest round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from vllm_kimi_ext.costmodel.catalog import ProfileError, require
+
+#: Where the graph-captured verify benchmark writes its report in a source checkout.
+REPORT_NAME = "bench/reports/verify_graph_vs_vllm_h200.json"
+#: The package's copy of that report (package data: the installed cost model reads nothing
+#: outside itself). ``nox -s docs`` refreshes it from :data:`REPORT_NAME`
+#: (:mod:`.verify_report`); a test keeps the two equal.
+DEFAULT_REPORT = Path(str(resources.files("vllm_kimi_ext.costmodel").joinpath(
+    "profiles", "verify", "verify_graph_vs_vllm_h200.json")))
+MODES = ("top_p_T1", "top_p_T0.6", "greedy", "topk_minp")
+#: Kimi's own API: temperature 1.0 with top_p 0.95 (0.6 / 0.95 in instant mode).
+KIMI_MODES = ("top_p_T1", "top_p_T0.6")
+MODE_TEMPERATURE = {"top_p_T1": 1.0, "top_p_T0.6": 0.6}
+VERIFIERS = ("stock", "sharded", "batch_sharded")
+VERIFIER_LABEL = {
+    "stock": "stock vLLM 0.34.0 (logits all-gather)",
+    "sharded": "vocabulary-sharded (VLLM_KIMI_EXT_SHARDED_VERIFY=1)",
+    "batch_sharded": "vLLM 0.34.0 --enable-batch-sharded-sampling",
+}
+NOT_PRICED = "not measured: not priced"
+#: int64 columns of vLLM's packed sampler output per request beyond the k + 1 token ids
+#: (``num_sampled``, ``num_rejected``; ``gather_sampler_output``).
+BATCH_SHARD_EXTRA_COLUMNS = 2
+INT64_BYTES = 8
+
+
+class VerifyReportError(ProfileError):
+    """A verify-step report that cannot be used; the message names the file and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyCase:
+    rows: int
+    k: int
+    mode: str
+    temperature: float
+    top_p: float | None
+    ours_graph_us: float
+    vllm_graph_us: float
+    payload_bytes_per_row_per_rank: float
+    rounds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyMeasurements:
+    """The measured report: per-rank verify-step times on one GPU, with its provenance."""
+
+    cases: tuple[VerifyCase, ...]
+    hardware: Any
+    versions: Any
+    date: str
+    source: str
+
+    def hardware_text(self) -> str:
+        h = self.hardware
+        if isinstance(h, dict):
+            return str(h.get("gpu") or h.get("name") or json.dumps(h, sort_keys=True))
+        return str(h)
+
+    def series(self, k: int, mode: str) -> list[VerifyCase]:
+        return sorted((c for c in self.cases if c.k == k and c.mode == mode),
+                      key=lambda c: c.rows)
+
+    def at(self, k: int, mode: str, rows: float, field: str) -> float | None:
+        """``field`` at ``rows``: measured, or linear between the two nearest measured row
+        counts; None outside the measured range."""
+        pts = [(c.rows, float(getattr(c, field))) for c in self.series(k, mode)]
+        for (r0, y0), (r1, y1) in zip(pts, pts[1:] + pts[-1:]):
+            if rows == r0:
+                return y0
+            if r0 < rows < r1:
+                return y0 + (y1 - y0) * (rows - r0) / (r1 - r0)
+        return None
+
+    def sharded_comm(self, k: int, mode: str, rows: float) -> tuple[float, int] | None:
+        """(payload bytes per row per rank per round, rounds) of the measured row counts
+        around ``rows`` (the larger of each), or None outside the measured range."""
+        if self.at(k, mode, rows, "ours_graph_us") is None:
+            return None
+        near = self.series(k, mode)
+        lo = max((c for c in near if c.rows <= rows), key=lambda c: c.rows)
+        hi = min((c for c in near if c.rows >= rows), key=lambda c: c.rows)
+        return (max(lo.payload_bytes_per_row_per_rank, hi.payload_bytes_per_row_per_rank),
+                max(lo.rounds, hi.rounds))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and the schema check
+# ---------------------------------------------------------------------------------------------
+
+
+def _positive_int(doc: dict, field: str, where: str) -> int:
+    v = require(doc, field, int, where, "a positive integer", positive=True)
+    return int(v)
+
+
+def _case(doc: Any, where: str) -> VerifyCase:
+    if not isinstance(doc, dict):
+        raise VerifyReportError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    mode = require(doc, "mode", str, where, f"one of {', '.join(MODES)}")
+    if mode not in MODES:
+        raise VerifyReportError(f"{where}: field 'mode' must be one of {', '.join(MODES)}, "
+                                f"got {mode!r}")
+    temperature = float(require(doc, "temperature", (int, float), where, "a number >= 0"))
+    if temperature < 0:
+        raise VerifyReportError(f"{where}: field 'temperature' must be >= 0, got {temperature}")
+    if "top_p" not in doc:
+        raise VerifyReportError(f"{where}: field 'top_p' is missing (expected a number in "
+                                "(0, 1], or null when off)")
+    top_p = doc["top_p"]
+    if top_p is not None:
+        top_p = float(require(doc, "top_p", (int, float), where, "a number in (0, 1] or null"))
+        if not 0.0 < top_p <= 1.0:
+            raise VerifyReportError(f"{where}: field 'top_p' must be in (0, 1] or null, "
+                                    f"got {top_p}")
+    if mode in MODE_TEMPERATURE:
+        if abs(temperature - MODE_TEMPERATURE[mode]) > 1e-9:
+            raise VerifyReportError(f"{where}: mode {mode!r} needs temperature "
+                                    f"{MODE_TEMPERATURE[mode]:g}, got {temperature:g}")
+        if top_p is None or top_p >= 1.0:
+            raise VerifyReportError(f"{where}: mode {mode!r} needs a top_p below 1, "
+                                    f"got {top_p!r}")
+    return VerifyCase(
+        rows=_positive_int(doc, "rows", where),
+        k=_positive_int(doc, "k", where),
+        mode=mode, temperature=temperature, top_p=top_p,
+        ours_graph_us=float(require(doc, "ours_graph_us", (int, float), where,
+                                    "a positive number of microseconds", positive=True)),
+        vllm_graph_us=float(require(doc, "vllm_graph_us", (int, float), where,
+                                    "a positive number of microseconds", positive=True)),
+        payload_bytes_per_row_per_rank=float(require(
+            doc, "payload_bytes_per_row_per_rank", (int, float), where,
+            "a positive number of bytes", positive=True)),
+        rounds=_positive_int(doc, "rounds", where),
+    )
+
+
+def parse_report(doc: Any, where: str) -> VerifyMeasurements:
+    """The report's JSON checked field by field; :class:`VerifyReportError` names the first
+    problem (file, field, what was expected) in one line."""
+    try:
+        return _parse_report(doc, where)
+    except VerifyReportError:
+        raise
+    except ProfileError as exc:  # from catalog.require
+        raise VerifyReportError(str(exc)) from None
+
+
+def _parse_report(doc: Any, where: str) -> VerifyMeasurements:
+    if not isinstance(doc, dict):
+        raise VerifyReportError(f"{where}: expected a JSON object at the top level, "
+                                f"got {type(doc).__name__}")
+    for field in ("hardware", "versions"):
+        if field not in doc:
+            raise VerifyReportError(f"{where}: field {field!r} is missing (expected a "
+                                    "non-empty string or object)")
+        if not isinstance(doc[field], (str, dict)) or not doc[field]:
+            raise VerifyReportError(f"{where}: field {field!r} must be a non-empty string or "
+                                    f"object, got {doc[field]!r}")
+    date = require(doc, "date", str, where, "a non-empty string (when it was measured)")
+    if not date.strip():
+        raise VerifyReportError(f"{where}: field 'date' must be a non-empty string, got ''")
+    cases = require(doc, "cases", list, where, "a non-empty list of measured cases")
+    if not cases:
+        raise VerifyReportError(f"{where}: field 'cases' must be a non-empty list, got []")
+    parsed, seen = [], {}
+    for i, c in enumerate(cases):
+        case = _case(c, f"{where}: cases[{i}]")
+        key = (case.k, case.mode, case.rows)
+        if key in seen:
+            raise VerifyReportError(f"{where}: cases[{i}] repeats k={case.k}, mode "
+                                    f"{case.mode!r}, rows={case.rows} of cases[{seen[key]}] "
+                                    "(expected one measurement per case)")
+        seen[key] = i
+        parsed.append(case)
+    return VerifyMeasurements(tuple(parsed), doc["hardware"], doc["versions"], date, where)
+
+
+def load_report(path: str | Path) -> VerifyMeasurements:
+    """Read and check a report; every problem is one :class:`VerifyReportError` line."""
+    path = Path(path)
+    if not path.is_file():
+        raise VerifyReportError(f"{path}: no such verify-step report (expected the JSON "
+                                "written by the graph-captured verify benchmark)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerifyReportError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})"
+                                ) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VerifyReportError(f"{path}: not valid JSON (line {exc.lineno}, column "
+                                f"{exc.colno}: {exc.msg})") from None
+    return parse_report(doc, str(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(path: str, mtime_ns: int) -> VerifyMeasurements:
+    return load_report(path)
+
+
+def measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
+    """The measured report (default: :data:`DEFAULT_REPORT`), or None when it does not
+    exist. A report that exists but is malformed raises :class:`VerifyReportError`."""
+    p = Path(path) if path is not None else DEFAULT_REPORT
+    if not p.is_file():
+        return None
+    return _cached(str(p), p.stat().st_mtime_ns)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pricing
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyPrice:
+    """One verifier's verify step per rank at one batch: measured compute + priced comm."""
+
+    verifier: str
+    batch: int
+    k: int
+    mode: str
+    rows: int  # B (k + 1)
+    compute_rows: float  # rows whose measured compute is used (the busiest rank's)
+    compute_us: float | None  # H200, CUDA graph, per rank; None = not measured
+    comm_us: float
+    collectives: int
+    sent_bytes_per_rank: float  # the busiest rank
+    received_bytes_per_rank: float  # the busiest rank
+    note: str = ""
+
+    @property
+    def priced(self) -> bool:
+        return self.compute_us is not None
+
+    @property
+    def total_us(self) -> float | None:
+        return None if self.compute_us is None else self.compute_us + self.comm_us
+
+
+def _allgather_us(cm, total_bytes: float) -> float:
+    return cm.collective_us("allgather", total_bytes, "nccl")
+
+
+def price_stock(cm, meas: VerifyMeasurements | None, batch: int, k: int,
+                mode: str) -> VerifyPrice:
+    tp, v, b = cm.tp, cm.model.vocab_size, cm.model.dtype_bytes
+    rows = batch * (k + 1)
+    gathers = int(cm.model.collectives.get("logits_allgather", 1))
+    total = rows * v * b
+    compute = None if meas is None else meas.at(k, mode, rows, "vllm_graph_us")
+    return VerifyPrice("stock", batch, k, mode, rows, rows, compute,
+                       gathers * _allgather_us(cm, total), gathers,
+                       gathers * total / tp, gathers * total * (tp - 1) / tp,
+                       f"{gathers} NCCL all-gather of [{rows}, {v}] bf16")
+
+
+def price_sharded(cm, meas: VerifyMeasurements | None, batch: int, k: int,
+                  mode: str) -> VerifyPrice:
+    tp = cm.tp
+    rows = batch * (k + 1)
+    comm = None if meas is None else meas.sharded_comm(k, mode, rows)
+    if comm is None:
+        return VerifyPrice("sharded", batch, k, mode, rows, rows, None, 0.0, 0, 0.0, 0.0,
+                           NOT_PRICED)
+    payload, rounds = comm
+    per_rank = rows * payload
+    return VerifyPrice("sharded", batch, k, mode, rows, rows,
+                       meas.at(k, mode, rows, "ours_graph_us"),
+                       rounds * _allgather_us(cm, per_rank * tp), rounds,
+                       rounds * per_rank, rounds * per_rank * (tp - 1),
+                       f"{rounds} NCCL all-gather(s) of {payload:g} B per row per rank")
+
+
+def price_batch_sharded(cm, meas: VerifyMeasurements | None, batch: int, k: int,
+                        mode: str) -> VerifyPrice:
+    tp, v, b = cm.tp, cm.model.vocab_size, cm.model.dtype_bytes
+    rows = batch * (k + 1)
+    owned_reqs = math.ceil(batch / tp)  # shard_owners: batch position mod tp
+    owned_rows = owned_reqs * (k + 1)
+    shard_row = v / tp * b  # what one rank sends of one row it does not own
+    # all-to-all: the busiest rank receives its owned rows' shards from the tp - 1 others,
+    # as much as every rank receives in an all-gather of [owned_rows, V]
+    a2a_us = _allgather_us(cm, owned_rows * v * b)
+    packed = owned_reqs * (k + 1 + BATCH_SHARD_EXTRA_COLUMNS) * INT64_BYTES
+    out_us = _allgather_us(cm, packed * tp)
+    compute = None if meas is None else meas.at(k, mode, owned_rows, "vllm_graph_us")
+    # the rank owning fewest requests sends the most; the one owning most receives the most
+    sent = (rows - (batch // tp) * (k + 1)) * shard_row + packed
+    received = owned_rows * (tp - 1) * shard_row + packed * (tp - 1)
+    return VerifyPrice("batch_sharded", batch, k, mode, rows, owned_rows, compute,
+                       a2a_us + out_us, 2, sent, received,
+                       f"1 all-to-all ({owned_rows} full rows to the busiest rank) + 1 "
+                       f"all-gather of {packed} B per rank; shard plan and pack kernels not "
+                       "priced (lower bound)")
+
+
+PRICERS = {"stock": price_stock, "sharded": price_sharded, "batch_sharded": price_batch_sharded}
+
+
+def price(cm, meas: VerifyMeasurements | None, verifier: str, batch: int, k: int,
+          mode: str) -> VerifyPrice:
+    if verifier not in PRICERS:
+        raise ValueError(f"verifier must be one of {VERIFIERS}, not {verifier!r}")
+    return PRICERS[verifier](cm, meas, batch, k, mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EndToEnd:
+    """One configuration's decode step with each verifier's priced verify step in place of
+    the cost model's own verify terms (the target pass, draft and overheads unchanged;
+    every verifier is lossless, so tokens per step are the same)."""
+
+    batch: int
+    mode: str
+    rest_s: float  # the step without its verify phase
+    tokens_per_step: float
+    prices: dict[str, VerifyPrice]
+
+    def step_s(self, verifier: str) -> float | None:
+        t = self.prices[verifier].total_us
+        return None if t is None else self.rest_s + t * 1e-6
+
+    def tokens_per_s(self, verifier: str) -> float | None:
+        s = self.step_s(verifier)
+        return None if s is None else self.tokens_per_step / s
+
+    def gain(self, verifier: str, over: str = "stock") -> float | None:
+        a, b = self.tokens_per_s(verifier), self.tokens_per_s(over)
+        return None if a is None or b is None else a / b - 1.0
+
+
+def end_to_end(cm, plan, acceptance, meas: VerifyMeasurements | None,
+               mode: str) -> EndToEnd:
+    """``plan`` (its verifier ignored) at its batch, each verifier priced from ``meas``."""
+    base = cm.estimate(dataclasses.replace(plan, verifier="gather"), acceptance)
+    rest = base.step_s - sum(t.time_s for t in base.terms if t.phase == "verify")
+    prices = {v: price(cm, meas, v, plan.batch, plan.k, mode) for v in VERIFIERS}
+    return EndToEnd(plan.batch, mode, rest, base.tokens_per_step, prices)
+
+
+def winning_batches(cm, meas: VerifyMeasurements | None, k: int, mode: str,
+                    verifier: str = "sharded", over: str = "stock",
+                    max_batch: int = 64) -> tuple[list[int], list[int]]:
+    """(batches 1..max_batch where ``verifier``'s priced verify step is shorter than
+    ``over``'s, batches where both are priced). Everything else in a step is the same for
+    both, so a shorter verify step is a win end to end."""
+    wins, priced = [], []
+    for b in range(1, max_batch + 1):
+        a, o = price(cm, meas, verifier, b, k, mode), price(cm, meas, over, b, k, mode)
+        if a.priced and o.priced:
+            priced.append(b)
+            if a.total_us < o.total_us:
+                wins.append(b)
+    return wins, priced
+
+
+def _ranges(xs: list[int]) -> str:
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def verdict(cm, meas: VerifyMeasurements | None, k: int, mode: str,
+            verifier: str = "sharded", over: str = "stock", max_batch: int = 64) -> str:
+    """One sentence: from which batch ``verifier`` beats ``over`` end to end, per the model."""
+    wins, priced = winning_batches(cm, meas, k, mode, verifier, over, max_batch)
+    if not priced:
+        return f"{NOT_PRICED} (k={k}, {mode})"
+    span = f"batches {priced[0]}-{priced[-1]} priced"
+    if not wins:
+        return f"loses at every priced batch ({span})"
+    # the smallest batch from which it wins at every larger priced batch
+    start = next((b for b in priced if all(x in wins for x in priced if x >= b)), None)
+    if start == priced[0]:
+        return f"wins at every priced batch ({span})"
+    if start is not None:
+        return f"wins from batch {start} on ({span})"
+    return f"wins at batches {_ranges(wins)} only ({span})"
+
+
+def sharded_recommendable(cm, batch: int, k: int, meas: VerifyMeasurements | None = None
+                          ) -> tuple[bool, str]:
+    """Whether the measurements price the sharded verifier below stock at this batch and
+    ``k`` under both of Kimi's sampling settings (the recommender offers it only then), and
+    why not."""
+    meas = meas if meas is not None else measurements()
+    if meas is None:
+        return False, f"its verify step is not measured ({REPORT_NAME} missing): not priced"
+    for mode in KIMI_MODES:
+        s, g = price_sharded(cm, meas, batch, k, mode), price_stock(cm, meas, batch, k, mode)
+        if not (s.priced and g.priced):
+            return False, (f"its verify step is not measured at {batch * (k + 1)} rows, k={k} "
+                           f"({mode}): not priced")
+        if s.total_us >= g.total_us:
+            return False, (f"slower than stock under Kimi's sampling ({mode}: "
+                           f"{s.total_us:.0f} us vs {g.total_us:.0f} us per verify step, "
+                           f"measured compute on {meas.hardware_text()} + PCIe comm model)")
+    return True, ""

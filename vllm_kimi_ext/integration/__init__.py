@@ -1,0 +1,14 @@
+"""vLLM-aware glue outside ``verify/``: the code that runs inside a vLLM engine.
+
+* :mod:`.draft_check`: the configuration-time draft checks (the doctor run on a built
+  ``VllmConfig``), called by the runtime patch ``runtime/vllm_config.py``;
+* :mod:`.draft_agreement`: the opt-in check that every TP rank proposed the same draft
+  tokens, called by ``runtime/target_dependent_ar_speculator.py``;
+* :mod:`.tli_config` / :mod:`.tli_speculator`: ``method: "kimi_tli"``, registered with
+  vLLM's custom-speculator API by the plugin.
+
+Together with ``runtime/``, ``verify/``, ``plugin.py``, ``compat.py`` (the pin) and the
+training capture, these are the only product modules that import vLLM
+(``tests/unit/test_package_boundaries.py`` enforces it); the draft tools (``drafts/``) and
+``checkpoints/`` run without vLLM installed.
+"""
