@@ -6,7 +6,7 @@ import pytest
 
 from testkit.tli_scenarios import write_hf_bytelevel_tokenizer
 from testkit.tokenizers import write_kimi_tokenizer
-from vllm_kimi_ext.drafts.tli import TLIConfigError, build_tli_maps
+from vllm_kimi_ext.drafts.tli.maps import TLIConfigError, build_tli_maps
 
 
 def test_min_shared_tokens_is_inclusive_down_to_a_single_shared_token(tmp_path):

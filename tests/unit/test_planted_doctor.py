@@ -14,7 +14,7 @@ from testkit.checkpoints import (
     write_tiny_eagle3,
     write_tiny_kimi_k25,
 )
-from vllm_kimi_ext.drafts.doctor import diagnose
+from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
 TARGET = TinyKimiSpec(num_hidden_layers=6)
 DRAFT_VOCAB = 300
