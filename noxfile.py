@@ -20,6 +20,7 @@ never fetches or rebuilds vLLM; without an environment it says to run
     nox -s upstream-check                     # vLLM's pre-commit hooks + per-patch vLLM tests
     nox -s bench                              # what this machine can measure
     nox -s docs [-- --check]                  # regenerate every generated document
+    nox -s mutants [-- --sample N --minutes M]  # mutation testing (not in CI; slow)
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ UPSTREAM_DESELECT_LIST = ROOT / "tests" / "upstream" / "deselect.txt"
 # the modules it imports beyond what vLLM brings. Users install the `train` extra.
 TRAIN_CPU_REQUIREMENTS = ["speculators==0.9.0", "hs-connectors==0.9.0", "datasets>=4,<=5.1",
                           "pyarrow", "pandas", "xxhash", "multiprocess"]
+# Mutation testing (`nox -s mutants`): installed in that session's own environment only.
+MUTATION_TOOL = "cosmic-ray==8.7.0"
 # No model hub here: fail fast instead of retrying with back-off.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -310,6 +313,17 @@ def docs(session: nox.Session) -> None:
     for gen in DOC_GENERATORS:
         session.run(_py(), *gen.command(ROOT, check=check), external=True,
                     env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session(default=False, venv_backend="venv")
+def mutants(session: nox.Session) -> None:
+    """Mutation testing (cosmic-ray, in this session's own environment) of verify/,
+    drafts/, train/ and patchset.py against their fast tests in the project
+    environment; writes bench/reports/mutants/ (see bench/mutants.py for the options)."""
+    _require_env(session)
+    session.install(MUTATION_TOOL)
+    session.run("python", str(ROOT / "bench" / "mutants.py"), "--python", _py(),
+                *session.posargs)
 
 
 @nox.session

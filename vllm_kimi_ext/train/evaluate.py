@@ -179,12 +179,13 @@ def evaluate(
                 last = batch["verifier_last_hidden_states"][0]
                 p = torch.softmax(model.verifier_norm(last) @ head.T, dim=-1)
             qs = [torch.softmax(logits.float(), dim=-1) for logits in collect[:k]]
-            # shifted position i predicts original token i + 2
+            # shifted position i predicts original token i + 2; a chain counts when its k
+            # tokens i + 2 .. i + 1 + k all exist (< n) and are response tokens
             mask = torch.tensor(s.loss_mask[:n], dtype=torch.bool)
             m = p.shape[0]
             valid = torch.zeros(m, dtype=torch.bool)
             for i in range(m - (k - 1)):
-                valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k <= n
+                valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k < n
             alpha, greedy = chain_acceptance(p, qs, valid, d2t)
             per_source[s.source or "data"].add(alpha, greedy)
     finally:

@@ -1,0 +1,32 @@
+"""Tests written for mutants of train/ that `nox -s mutants` found surviving."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("flags,expected", [([], True), (["--no-space-check"], False)])
+def test_capture_checks_free_space_unless_told_not_to(tmp_path, monkeypatch, capsys, flags,
+                                                      expected):
+    """`draft capture` asks capture() for the disk check by default (cli.py passes
+    ``check_free_space=not args.no_space_check``); the model and capture are stand-ins."""
+    from vllm_kimi_ext.cli import main
+    from vllm_kimi_ext.train import capture as capture_mod
+    from vllm_kimi_ext.train import cli as train_cli
+
+    seen = {}
+
+    def fake_capture(data, backend, **kwargs):
+        seen.update(kwargs)
+        return {"layer_ids": [0], "dtype": "bfloat16", "disk_bytes": 0, "measured": {}}
+
+    monkeypatch.setattr(train_cli, "load_hf", lambda *_a, **_k: (object(), None))
+    monkeypatch.setattr(capture_mod, "TransformersCapture", lambda *a, **k: object())
+    monkeypatch.setattr(capture_mod, "capture", fake_capture)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    rc = main(["draft", "capture", "--data", str(tmp_path / "data"), "--hf-model", str(model),
+               *flags])
+    assert rc == 0, capsys.readouterr().err
+    assert seen["check_free_space"] is expected
