@@ -216,7 +216,50 @@ def _register_train(sub) -> None:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--holdout-every", type=int, default=0,
                    help="leave out the samples whose prompt hash is 0 mod N (for draft eval)")
+    _add_train_scale_flags(p)
     p.set_defaults(func=run_train)
+
+
+def _add_train_scale_flags(p: argparse.ArgumentParser) -> None:
+    """Checkpoints, resume, validation, data loading: the flags of a long run."""
+    from vllm_kimi_ext.user_input import bounded_float, bounded_int
+
+    # a documented thinking-mode sample (8192 response tokens + prompt) fits whole
+    p.set_defaults(max_len=16384)
+    g = p.add_argument_group(
+        "long runs", "checkpoints, resume and validation; several GPUs: launch with "
+        "`torchrun --nproc-per-node N $(which vllm-kimi-ext) draft train ...` (data parallel)")
+    g.add_argument("--checkpoint-every", type=bounded_int(1, what="a step count"),
+                   default=None, metavar="N", help="write a checkpoint every N steps")
+    g.add_argument("--checkpoint-dir", default=None,
+                   help="where checkpoints go (default: OUT.checkpoints beside --out)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint (same settings; exact "
+                        "continuation); starts from the beginning if there is none")
+    g.add_argument("--val-fraction", type=bounded_float(0.0, 0.5, what="a fraction"),
+                   default=0.0,
+                   help="share of conversations held out for validation; the exported "
+                        "head is the one with the lowest validation loss")
+    g.add_argument("--val-every", type=bounded_int(1, what="a step count"), default=None,
+                   metavar="N", help="validate every N steps (default: once per epoch)")
+    g.add_argument("--patience", type=bounded_int(1, what="a count"), default=None,
+                   help="stop after this many validations without improvement")
+    g.add_argument("--loader-workers", type=bounded_int(0, 64, what="a worker count"),
+                   default=None, help="DataLoader workers (default: 2 on CUDA, 0 on CPU)")
+
+
+def _check_train_scale_flags(args) -> None:
+    if (args.val_every or args.patience) and not args.val_fraction:
+        flag = "--val-every" if args.val_every else "--patience"
+        raise UsageError(f"{flag} needs --val-fraction (a validation split)",
+                         field=flag, expected="--val-fraction > 0")
+    if args.checkpoint_dir and not (args.checkpoint_every or args.resume):
+        raise UsageError("--checkpoint-dir needs --checkpoint-every or --resume",
+                         field="--checkpoint-dir", expected="--checkpoint-every N")
+    if args.checkpoint_dir and Path(args.checkpoint_dir).exists() \
+            and not Path(args.checkpoint_dir).is_dir():
+        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: is a file, "
+                         "expected a folder", field="--checkpoint-dir", expected="a folder")
 
 
 def run_train(args) -> int:
@@ -224,15 +267,21 @@ def run_train(args) -> int:
     from .bridge import DraftOptions
     from .trainer import TrainConfig, train
 
+    _check_train_scale_flags(args)
     cfg = TrainConfig(epochs=args.epochs, max_steps=args.max_steps, lr=args.lr,
                       max_len=args.max_len, prompt_context=args.prompt_context,
                       ttt_steps=args.ttt_steps, seed=args.seed,
-                      device=args.device)
+                      device=args.device, checkpoint_every=args.checkpoint_every,
+                      checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                      val_fraction=args.val_fraction, val_every=args.val_every,
+                      patience=args.patience, loader_workers=args.loader_workers)
     held = holdout_hashes(layout.read_samples(args.data), args.holdout_every)
     result = train(args.data, args.target, args.out, init=args.init,
                    draft_vocab_size=args.draft_vocab_size,
                    draft_vocab_from=args.draft_vocab_from, holdout=held, config=cfg,
                    options=DraftOptions(layer_overrides=args.draft_layer))
+    if result.doctor.get("rank", 0):  # another rank of a torchrun job: rank 0 reports
+        return EXIT_OK
     print(json.dumps({"out": str(result.out_dir), "steps": result.steps,
                       "first_loss": result.losses[0] if result.losses else None,
                       "last_loss": result.losses[-1] if result.losses else None,
@@ -252,7 +301,30 @@ def _register_eval(sub) -> None:
     p.add_argument("--holdout-every", type=int, default=0)
     p.add_argument("--split", choices=("heldout", "train", "all"), default="all")
     p.add_argument("--json", action="store_true")
+    _add_eval_scale_flags(p)
     p.set_defaults(func=run_eval)
+
+
+def _add_eval_scale_flags(p: argparse.ArgumentParser) -> None:
+    from vllm_kimi_ext.user_input import bounded_int
+
+    p.add_argument("--max-len", type=bounded_int(2, what="a token count"), default=16384,
+                   help="tokens of each sample evaluated; longer samples are cut, warned "
+                        "and counted (default fits 8192 response tokens + an 8192-token "
+                        "prompt)")
+    p.add_argument("--device", default=None,
+                   help="default: cuda (bf16) if available, else cpu (fp32)")
+
+
+def _warn_eval_cut(results: dict, max_len: int) -> None:
+    import sys
+
+    for draft, rows in results.items():
+        r = rows.get("all", {})
+        if r.get("samples_cut"):
+            print(f"warning: --max-len {max_len} cut {r['samples_cut']} samples for {draft}: "
+                  f"{r['tokens_dropped']} tokens ({r['loss_tokens_dropped']} response tokens) "
+                  "not evaluated", file=sys.stderr)
 
 
 def run_eval(args) -> int:
@@ -268,8 +340,10 @@ def run_eval(args) -> int:
     cap = layout.read_manifest(args.data).get("capture") or {}
     chosen = [s for s in samples if pick(s) and layout.captured(
         args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
-    results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k)
+    results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k,
+                           max_len=args.max_len, device=args.device)
                for d in args.draft}
+    _warn_eval_cut(results, args.max_len)
     print(json.dumps(results, indent=1) if args.json else format_table(results, args.k))
     return EXIT_OK
 
