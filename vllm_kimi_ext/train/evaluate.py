@@ -39,6 +39,9 @@ class Acceptance:
     tau: float = 0.0
     greedy: list[float] = dataclasses.field(default_factory=list)
     greedy_tau: float = 0.0
+    samples_cut: int = 0
+    tokens_dropped: int = 0
+    loss_tokens_dropped: int = 0
 
     def __post_init__(self):
         self.alpha = self.alpha or [0.0] * self.k
@@ -57,7 +60,18 @@ class Acceptance:
         self.tau += float(chain_tau(alpha).sum())
         self.greedy_tau += float(chain_tau(greedy.to(torch.float64)).sum())
 
+    def count_cut(self, sample: Sample, max_len: int) -> None:
+        """Count what ``max_len`` drops of ``sample`` (the end of its response)."""
+        over = sample.num_tokens - max_len
+        if over > 0:
+            self.samples_cut += 1
+            self.tokens_dropped += over
+            self.loss_tokens_dropped += min(over, len(sample.output_token_ids))
+
     def merge(self, other: Acceptance) -> None:
+        self.samples_cut += other.samples_cut
+        self.tokens_dropped += other.tokens_dropped
+        self.loss_tokens_dropped += other.loss_tokens_dropped
         self.chains += other.chains
         self.tau += other.tau
         self.greedy_tau += other.greedy_tau
@@ -68,7 +82,9 @@ class Acceptance:
     def row(self) -> dict:
         n = max(self.chains, 1)
         return {"chains": self.chains, "alpha": [a / n for a in self.alpha], "tau": self.tau / n,
-                "greedy_alpha": [a / n for a in self.greedy], "greedy_tau": self.greedy_tau / n}
+                "greedy_alpha": [a / n for a in self.greedy], "greedy_tau": self.greedy_tau / n,
+                "samples_cut": self.samples_cut, "tokens_dropped": self.tokens_dropped,
+                "loss_tokens_dropped": self.loss_tokens_dropped}
 
 
 def chain_tau(alpha):
@@ -107,11 +123,11 @@ def chain_acceptance(p, qs: Sequence, valid, d2t=None):
     for j, q in enumerate(qs):
         pj = p[starts + j]
         qj = q[starts]
-        alpha[:, j] = sum_min(pj, qj, d2t).to(torch.float64)
+        alpha[:, j] = sum_min(pj, qj, d2t).to(torch.float64).cpu()
         draft_argmax = qj.argmax(-1)
         if d2t is not None:
             draft_argmax = draft_argmax + d2t.to(draft_argmax.device)[draft_argmax]
-        greedy[:, j] = (draft_argmax == target_argmax[starts + j]).to(torch.float64)
+        greedy[:, j] = (draft_argmax == target_argmax[starts + j]).to(torch.float64).cpu()
     return alpha, greedy
 
 
@@ -129,11 +145,17 @@ def evaluate(
     *,
     samples: Sequence[Sample] | None = None,
     k: int = 3,
-    max_len: int = 4096,
+    max_len: int = 16384,
     progress: bool | None = None,
+    device: str | None = None,
 ) -> dict[str, dict]:
     """Acceptance of ``draft`` (a directory, or a speculators model) per source and
-    ``"all"`` over ``samples`` (default: every captured sample)."""
+    ``"all"`` over ``samples`` (default: every captured sample).
+
+    Samples longer than ``max_len`` tokens are cut; each row counts what was cut
+    (``samples_cut``, ``tokens_dropped``, ``loss_tokens_dropped``). On CUDA (the
+    default when present) the draft and the target's head run in bf16 and the
+    probabilities are taken in fp32; on CPU everything is fp32."""
     import torch
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
@@ -148,11 +170,13 @@ def evaluate(
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
     model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
         target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k)
-    model = model.cpu().float().eval()
+    dev = trainer.resolve_device(device)
+    wdtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model = model.to(dev, dtype=wdtype).eval()
     d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None
-    head = _target_head(Path(target_dir)).float()
-    lc = trainer.loss_config(torch.device("cpu"))
-    dataset = trainer.make_dataset(data_dir, samples, max_len, torch.float32)
+    head = _target_head(Path(target_dir)).to(dev, dtype=wdtype)
+    lc = trainer.loss_config(dev)
+    dataset = trainer.make_dataset(data_dir, samples, max_len, wdtype)
     collect: list = []
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: collect.append(out[0]))
     per_source: dict[str, Acceptance] = defaultdict(lambda: Acceptance(k))
@@ -162,12 +186,12 @@ def evaluate(
             s = samples[idx]
             n = min(s.num_tokens, max_len)
             batch = CollateFn(n, cap["hidden_size"], num_target_layers=len(cap["aux_layer_ids"]),
-                              dtype=torch.float32, preprocess=shift_batch)([dataset[idx]])
+                              dtype=wdtype, preprocess=shift_batch)([dataset[idx]])
             collect.clear()
             with torch.no_grad():
-                model(**trainer.model_inputs(batch, "cpu"), ttt_steps=k, loss_config=lc)
-                last = batch["verifier_last_hidden_states"][0]
-                p = torch.softmax(model.verifier_norm(last) @ head.T, dim=-1)
+                model(**trainer.model_inputs(batch, dev), ttt_steps=k, loss_config=lc)
+                last = batch["verifier_last_hidden_states"][0].to(dev)
+                p = torch.softmax((model.verifier_norm(last) @ head.T).float(), dim=-1)
             qs = [torch.softmax(logits.float(), dim=-1) for logits in collect[:k]]
             # shifted position i predicts original token i + 2
             mask = torch.tensor(s.loss_mask[:n], dtype=torch.bool)
@@ -175,8 +199,10 @@ def evaluate(
             valid = torch.zeros(m, dtype=torch.bool)
             for i in range(m - (k - 1)):
                 valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k <= n
-            alpha, greedy = chain_acceptance(p, qs, valid, d2t)
-            per_source[s.source or "data"].add(alpha, greedy)
+            alpha, greedy = chain_acceptance(p, qs, valid.to(dev), d2t)
+            acc = per_source[s.source or "data"]
+            acc.add(alpha, greedy)
+            acc.count_cut(s, max_len)
     finally:
         hook.remove()
     total = Acceptance(k)
