@@ -148,7 +148,7 @@ def capture(
     done = [s for s in samples if layout.captured(data_dir, s, len(ids), h)]
     entries = [{"index": s.index, "prompt_hash": s.prompt_hash, "source": s.source,
                 "file": str(layout.hidden_path(data_dir, s.index).relative_to(data_dir)),
-                "shape": [s.num_tokens, len(ids), h], "loss_tokens": len(s.output_token_ids)}
+                "shape": [s.num_tokens, len(ids), h], "loss_tokens": s.num_loss_tokens}
                for s in done]
     section = dict(backend.description, layer_ids=ids, aux_layer_ids=ids[:-1],
                    last_layer_id=ids[-1], dtype=dtype, hidden_size=h,

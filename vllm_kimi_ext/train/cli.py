@@ -56,10 +56,12 @@ def load_hf(model_dir: str, gguf_file: str | None = None):
 
 
 def holdout_hashes(samples, every: int) -> set[str]:
-    """A stable held-out split: the samples whose prompt hash is 0 modulo ``every``."""
+    """A stable held-out split by conversation: the prompt hashes of the samples whose
+    conversation id (the prompt hash for a one-turn record) is 0 modulo ``every``."""
     if not every:
         return set()
-    return {s.prompt_hash for s in samples if int(s.prompt_hash, 16) % every == 0}
+    return {s.prompt_hash for s in samples
+            if int(s.conversation or s.prompt_hash, 16) % every == 0}
 
 
 # --------------------------------------------------------------------------- #

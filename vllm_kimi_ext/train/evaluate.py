@@ -66,7 +66,7 @@ class Acceptance:
         if over > 0:
             self.samples_cut += 1
             self.tokens_dropped += over
-            self.loss_tokens_dropped += min(over, len(sample.output_token_ids))
+            self.loss_tokens_dropped += sample.loss_tokens_after(max_len)
 
     def merge(self, other: Acceptance) -> None:
         self.samples_cut += other.samples_cut

@@ -62,6 +62,12 @@ class Sample:
     response: str = ""
     reasoning: str | None = None
     finish_reason: str | None = None
+    #: a multi-turn record: the id of the conversation (hash of its user turns), and
+    #: the ``[start, end)`` ranges of ``input_ids`` the loss covers: every assistant
+    #: turn as the history renders it, and the last response. None: one turn, the
+    #: loss covers the response.
+    conversation: str | None = None
+    loss_spans: list[list[int]] | None = None
 
     @property
     def input_ids(self) -> list[int]:
@@ -69,14 +75,35 @@ class Sample:
 
     @property
     def loss_mask(self) -> list[int]:
-        return [0] * len(self.prompt_token_ids) + [1] * len(self.output_token_ids)
+        if self.loss_spans is None:
+            return [0] * len(self.prompt_token_ids) + [1] * len(self.output_token_ids)
+        mask = [0] * self.num_tokens
+        for a, b in self.loss_spans:
+            mask[a:b] = [1] * (b - a)
+        return mask
+
+    @property
+    def num_loss_tokens(self) -> int:
+        if self.loss_spans is None:
+            return len(self.output_token_ids)
+        return sum(b - a for a, b in self.loss_spans)
+
+    def loss_tokens_after(self, position: int) -> int:
+        """Loss tokens at ``position`` or later (what a cut there drops)."""
+        if self.loss_spans is None:
+            return min(len(self.output_token_ids), max(0, self.num_tokens - position))
+        return sum(max(0, b - max(a, position)) for a, b in self.loss_spans)
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+        rec = dataclasses.asdict(self)
+        for key in ("conversation", "loss_spans"):  # single-turn records stay as they were
+            if rec[key] is None:
+                del rec[key]
+        return json.dumps(rec, ensure_ascii=False)
 
     @classmethod
     def from_dict(cls, rec: dict, where: str) -> Sample:
@@ -88,7 +115,15 @@ class Sample:
         rec = {k: v for k, v in rec.items() if k in names}
         rec.setdefault("source", "")
         rec.setdefault("messages", [])
-        return cls(**rec)
+        sample = cls(**rec)
+        if sample.loss_spans is not None:
+            n = sample.num_tokens
+            if not isinstance(sample.loss_spans, list) or not all(
+                    isinstance(sp, list) and len(sp) == 2 and all(type(x) is int for x in sp)
+                    and 0 <= sp[0] <= sp[1] <= n for sp in sample.loss_spans):
+                raise DataError(f"{where}: field loss_spans must be [start, end] pairs "
+                                f"inside the sample's {n} tokens")
+        return sample
 
 
 def hidden_path(data_dir: str | Path, index: int) -> Path:

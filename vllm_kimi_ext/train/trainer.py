@@ -191,8 +191,8 @@ def draft_vocab(data_dir: str | Path, target_dir: str | Path, samples: Sequence[
     if size is None or size >= vocab:
         return None, None
     counts: Counter = Counter()
-    for s in samples:
-        counts.update(s.output_token_ids)
+    for s in samples:  # the tokens the loss covers (every assistant turn)
+        counts.update(t for t, m in zip(s.input_ids, s.loss_mask) if m)
     forced = set()
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = tcfg.get(key)
@@ -219,15 +219,17 @@ def truncation(samples: Sequence[Sample], max_len: int, prompt_context: int | No
     cut = dropped = loss_dropped = 0
     for s in samples:
         start = 0 if prompt_context is None else max(0, len(s.prompt_token_ids) - prompt_context)
+        # the kept window is [start, start + max_len); --prompt-context may drop
+        # earlier assistant turns of a conversation (loss tokens) before it
+        loss_dropped += s.num_loss_tokens - s.loss_tokens_after(start)
         n = s.num_tokens - start
         if n > max_len:
             cut += 1
             dropped += n - max_len
-            # the kept window is [start, start + max_len); responses follow the prompt
-            loss_dropped += min(len(s.output_token_ids), n - max_len)
+            loss_dropped += s.loss_tokens_after(start + max_len)
     return {"max_len": max_len, "samples_cut": cut, "samples": len(samples),
             "tokens_dropped": dropped, "loss_tokens_dropped": loss_dropped,
-            "loss_tokens": sum(len(s.output_token_ids) for s in samples)}
+            "loss_tokens": sum(s.num_loss_tokens for s in samples)}
 
 
 def warn_truncation(counts: dict, flag: str, log=print) -> None:
