@@ -14,6 +14,7 @@ import pytest
 from vllm_kimi_ext.cli import main
 
 TRAIN = ("draft", "train", "--data", "{data}", "--target", "{data}", "--out", "{out}")
+CAPTURE = ("draft", "capture", "--data", "{data}", "--hf-model", "{data}")
 EVAL = ("draft", "eval", "--data", "{data}", "--target", "{data}", "--draft", "{data}")
 
 #: (id, argv after the command, the words stderr must contain)
@@ -42,6 +43,11 @@ CASES = [
      ("--checkpoint-dir", "samples.jsonl", "folder")),
     ("loader-workers-negative", TRAIN + ("--loader-workers", "-1"), ("--loader-workers",)),
     ("loader-workers-huge", TRAIN + ("--loader-workers", "1000"), ("--loader-workers",)),
+    ("shard-no-slash", CAPTURE + ("--shard", "1"), ("--shard", "I/N")),
+    ("shard-index-equals-count", CAPTURE + ("--shard", "2/2"), ("--shard", "0 <= I < N")),
+    ("shard-negative", CAPTURE + ("--shard", "-1/2"), ("--shard",)),
+    ("shard-zero-count", CAPTURE + ("--shard", "0/0"), ("--shard",)),
+    ("shard-words", CAPTURE + ("--shard", "a/b"), ("--shard",)),
     ("eval-max-len-zero", EVAL + ("--max-len", "0"), ("--max-len",)),
     ("eval-max-len-word", EVAL + ("--max-len", "long"), ("--max-len",)),
 ]

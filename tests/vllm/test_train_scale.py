@@ -19,13 +19,13 @@ PROMPT, RESPONSE = 8, 32
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """(data directory, target directory): 8 captured samples of 8 + 32 tokens."""
+def tiny(tmp_path_factory):
+    """(transformers model, target directory, 8 samples of 8 + 32 tokens)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
-    from vllm_kimi_ext.train import capture, layout
+    from vllm_kimi_ext.train import layout
     from vllm_kimi_ext.train.bridge import write_target_stub
 
     root = tmp_path_factory.mktemp("train-scale")
@@ -37,10 +37,45 @@ def data(tmp_path_factory):
     for i in range(8):
         ids = torch.randint(0, SPEC.num_ranks, (PROMPT + RESPONSE,), generator=g).tolist()
         samples.append(layout.Sample(i, f"s{i}", "synthetic", [], ids[:PROMPT], ids[PROMPT:]))
-    layout.append_samples(root / "data", samples)
-    capture.capture(root / "data", capture.TransformersCapture(model), layer_ids=LAYER_IDS,
-                    progress=False, log=lambda _m: None)
-    return root / "data", target
+    return model, target, samples
+
+
+def _capture(model, samples, data_dir, shard=(0, 1)):
+    from vllm_kimi_ext.train import capture, layout
+
+    if not (data_dir / layout.SAMPLES).exists():
+        layout.append_samples(data_dir, samples)
+    return capture.capture(data_dir, capture.TransformersCapture(model), layer_ids=LAYER_IDS,
+                           progress=False, log=lambda _m: None, shard=shard)
+
+
+@pytest.fixture(scope="module")
+def data(tiny):
+    """(data directory, target directory) with every sample captured."""
+    model, target, samples = tiny
+    _capture(model, samples, target.parent / "data")
+    return target.parent / "data", target
+
+
+def test_three_capture_shards_make_the_unsharded_capture(tiny, data, tmp_path):
+    from vllm_kimi_ext.train import layout
+
+    model, _, samples = tiny
+    whole, _ = data
+    sharded = tmp_path / "sharded"
+    for i in (2, 0):
+        section = _capture(model, samples, sharded, shard=(i, 3))
+        assert {e["index"] % 3 for e in section["samples"]} <= {0, 2}
+    assert not layout.hidden_path(sharded, 1).exists()
+    _capture(model, samples, sharded, shard=(1, 3))
+    files = sorted(p.name for p in (sharded / layout.HIDDEN_DIR).iterdir())
+    assert files == sorted(p.name for p in (whole / layout.HIDDEN_DIR).iterdir())
+    for name in files:
+        assert (sharded / layout.HIDDEN_DIR / name).read_bytes() == \
+            (whole / layout.HIDDEN_DIR / name).read_bytes(), name
+    a = layout.read_manifest(sharded)["capture"]
+    b = layout.read_manifest(whole)["capture"]
+    assert a["samples"] == b["samples"] and a["disk_bytes"] == b["disk_bytes"]
 
 
 def test_training_cut_is_warned_counted_and_really_applied(data, tmp_path):

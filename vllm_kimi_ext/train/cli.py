@@ -148,7 +148,21 @@ def _register_capture(sub) -> None:
     p.add_argument("--speculators-dataset", action="store_true",
                    help="also write the Arrow dataset `speculators train --data-path DATA` "
                         "reads")
+    p.add_argument("--shard", type=_shard_arg, default=(0, 1), metavar="I/N",
+                   help="capture only the samples whose index is I mod N: run N of these "
+                        "(one per engine, I = 0..N-1) on the same --data")
     p.set_defaults(func=run_capture)
+
+
+def _shard_arg(text: str) -> tuple[int, int]:
+    i, sep, n = text.partition("/")
+    try:
+        i_, n_ = int(i, 10), int(n, 10)
+    except ValueError:
+        i_ = n_ = -1
+    if not sep or n_ < 1 or not 0 <= i_ < n_:
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {text!r}")
+    return i_, n_
 
 
 def run_capture(args) -> int:
@@ -177,7 +191,8 @@ def run_capture(args) -> int:
         backend = VllmCapture(llm, target=args.vllm_target, staging_dir=staging,
                               tensor_parallel_size=args.tensor_parallel_size)
     section = capture(args.data, backend, layer_ids=args.layer_ids, dtype=args.dtype,
-                      batch_size=args.batch_size, check_free_space=not args.no_space_check)
+                      batch_size=args.batch_size, check_free_space=not args.no_space_check,
+                      shard=args.shard)
     if args.speculators_dataset:
         from .trainer import write_speculators_dataset
 

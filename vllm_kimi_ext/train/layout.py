@@ -22,6 +22,7 @@ stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -194,6 +195,20 @@ def read_manifest(data_dir: str | Path) -> dict:
         raise DataError(f"{path}: field 'format' is {manifest.get('format')!r}, expected "
                         f"{FORMAT!r}")
     return manifest
+
+
+@contextlib.contextmanager
+def manifest_lock(data_dir: str | Path) -> Iterator[None]:
+    """An exclusive lock on the data directory's manifest (processes capturing shards
+    of one directory update it in turn)."""
+    import fcntl
+
+    with open(Path(data_dir) / ".manifest.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def update_manifest(data_dir: str | Path, **sections: Any) -> dict:
