@@ -119,3 +119,24 @@ def test_truncation_counts_every_dropped_token():
     said.clear()
     warn_truncation(truncation(samples, 100), "--max-len", said.append)
     assert said == []
+
+
+def test_samples_read_without_token_ids_keep_lengths_masks_and_find_their_line(tmp_path):
+    from vllm_kimi_ext.train import layout
+
+    full = [_sample(i, prompt=3 + i, response=2 + 2 * i) for i in range(5)]
+    full.append(Sample(5, "h5", "src", [], [1, 2, 3, 4], [5, 6], conversation="c",
+                       loss_spans=[[1, 3], [4, 6]]))
+    layout.append_samples(tmp_path, full)
+    with open(tmp_path / layout.SAMPLES, "a") as fh:
+        fh.write('{"index": 9, "prompt_to')  # torn tail of an interrupted run
+    light = layout.read_samples(tmp_path, tokens=False)
+    assert [s.index for s in light] == list(range(6))
+    for a, b in zip(full, light):
+        assert b.prompt_token_ids == [] and b.output_token_ids == []  # no ids held
+        assert (b.num_tokens, b.prompt_len, b.output_len) == (a.num_tokens, a.prompt_len,
+                                                               a.output_len)
+        assert b.loss_mask == a.loss_mask and b.num_loss_tokens == a.num_loss_tokens
+        assert layout.with_tokens(tmp_path, b) == a
+    with pytest.raises(RuntimeError, match="without its token ids"):
+        light[0].input_ids  # noqa: B018 - the property raises

@@ -118,7 +118,7 @@ def capture(
     from tqdm import tqdm
 
     data_dir = Path(data_dir)
-    all_samples = layout.read_samples(data_dir)
+    all_samples = layout.read_samples(data_dir, tokens=False)
     if not all_samples:
         raise DataError(f"{data_dir / layout.SAMPLES}: no samples")
     i_shard, n_shards = shard
@@ -147,7 +147,7 @@ def capture(
                disable=None if progress is None else not progress)
     t0 = time.perf_counter()
     for start in range(0, len(todo), batch_size):
-        chunk = todo[start:start + batch_size]
+        chunk = [layout.with_tokens(data_dir, s) for s in todo[start:start + batch_size]]
         backend.capture(chunk, ids, [layout.hidden_path(data_dir, s.index) for s in chunk],
                         dtype)
         bar.update(len(chunk))

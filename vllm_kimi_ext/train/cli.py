@@ -292,7 +292,7 @@ def run_train(args) -> int:
                       checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                       val_fraction=args.val_fraction, val_every=args.val_every,
                       patience=args.patience, loader_workers=args.loader_workers)
-    held = holdout_hashes(layout.read_samples(args.data), args.holdout_every)
+    held = holdout_hashes(layout.read_samples(args.data, tokens=False), args.holdout_every)
     result = train(args.data, args.target, args.out, init=args.init,
                    draft_vocab_size=args.draft_vocab_size,
                    draft_vocab_from=args.draft_vocab_from, holdout=held, config=cfg,
@@ -348,7 +348,7 @@ def run_eval(args) -> int:
     from . import layout
     from .evaluate import evaluate, format_table
 
-    samples = layout.read_samples(args.data)
+    samples = layout.read_samples(args.data, tokens=False)
     held = holdout_hashes(samples, args.holdout_every)
     if args.split != "all" and not args.holdout_every:
         raise UsageError("--split heldout/train needs --holdout-every", field="--split")

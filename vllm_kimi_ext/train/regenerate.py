@@ -209,7 +209,8 @@ def regenerate(
 
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    existing = layout.read_samples(data_dir) if (data_dir / layout.SAMPLES).is_file() else []
+    existing = (layout.read_samples(data_dir, tokens=False)
+                if (data_dir / layout.SAMPLES).is_file() else [])
     done = {s.conversation or s.prompt_hash for s in existing}
     next_index = max((s.index for s in existing), default=-1) + 1
     todo = [(c, conversation_key(c, chat_template_kwargs)) for c in conversations]

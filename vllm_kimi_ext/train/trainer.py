@@ -96,7 +96,7 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
         def _start(self, s: Sample) -> int:
             if prompt_context is None:
                 return 0
-            return max(0, len(s.prompt_token_ids) - prompt_context)
+            return max(0, s.prompt_len - prompt_context)
 
         def _compute_approx_lengths(self):
             return [min(s.num_tokens - self._start(s), max_len) for s in samples]
@@ -112,7 +112,8 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
             with safe_open(str(path), framework="pt") as fh:
                 ids = fh.get_slice("token_ids")[:]
                 hs = fh.get_slice("hidden_states")[a:b]
-            if not torch.equal(ids.long(), torch.tensor(s.input_ids, dtype=torch.long)):
+            expected = layout.with_tokens(data_dir, s).input_ids
+            if not torch.equal(ids.long(), torch.tensor(expected, dtype=torch.long)):
                 raise DataError(f"{path}: token_ids differ from sample {s.index}")
             return {"hidden_states": hs[:, :-1].flatten(1),
                     "input_ids": ids[a:b].long(),
@@ -191,8 +192,10 @@ def draft_vocab(data_dir: str | Path, target_dir: str | Path, samples: Sequence[
     if size is None or size >= vocab:
         return None, None
     counts: Counter = Counter()
-    for s in samples:  # the tokens the loss covers (every assistant turn)
-        counts.update(t for t, m in zip(s.input_ids, s.loss_mask) if m)
+    wanted = {s.index for s in samples}
+    for s in layout.iter_samples(data_dir):  # one at a time: the tokens the loss covers
+        if s.index in wanted:
+            counts.update(t for t, m in zip(s.input_ids, s.loss_mask) if m)
     forced = set()
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = tcfg.get(key)
@@ -218,7 +221,7 @@ def truncation(samples: Sequence[Sample], max_len: int, prompt_context: int | No
     first and records the counts."""
     cut = dropped = loss_dropped = 0
     for s in samples:
-        start = 0 if prompt_context is None else max(0, len(s.prompt_token_ids) - prompt_context)
+        start = 0 if prompt_context is None else max(0, s.prompt_len - prompt_context)
         # the kept window is [start, start + max_len); --prompt-context may drop
         # earlier assistant turns of a conversation (loss tokens) before it
         loss_dropped += s.num_loss_tokens - s.loss_tokens_after(start)
@@ -285,7 +288,7 @@ def train(
     config = config or TrainConfig()
     options = options or bridge.DraftOptions()
     cap = capture_settings(data_dir)
-    samples = [s for s in split_samples(layout.read_samples(data_dir), holdout)
+    samples = [s for s in split_samples(layout.read_samples(data_dir, tokens=False), holdout)
                if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to train on")
