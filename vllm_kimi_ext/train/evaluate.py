@@ -13,7 +13,10 @@ the captured last-layer state with the target's own final norm and full ``lm_hea
   expected tokens per target step at ``k`` when every draft proposes from the
   target's own continuation (teacher forcing; in serving, an accepted token is drawn
   from ``min(p, q)`` rather than the target's sample, so this is an estimate);
-* the greedy counterparts: ``a_j = [argmax q_j == argmax p]`` and its ``tau``.
+* greedy drafting (vLLM 0.34.0's default, ``draft_sample_method: "greedy"``) against
+  a target sampled at T = 1: the draft proposes ``x = argmax q_j``, accepted with
+  probability ``p(x)`` (:func:`greedy_draft_acceptance`), and its ``tau``;
+* greedy decoding (T = 0): ``a_j = [argmax q_j == argmax p]`` and its ``tau``.
 
 Chains are counted where all ``k`` predicted tokens are response tokens.
 """
@@ -39,6 +42,10 @@ class Acceptance:
     tau: float = 0.0
     greedy: list[float] = dataclasses.field(default_factory=list)
     greedy_tau: float = 0.0
+    #: greedy drafting (vLLM 0.34.0's default draft_sample_method) against a target
+    #: sampled at T = 1: the argmax draft token is accepted with probability p(x)
+    greedy_draft: list[float] = dataclasses.field(default_factory=list)
+    greedy_draft_tau: float = 0.0
     samples_cut: int = 0
     tokens_dropped: int = 0
     loss_tokens_dropped: int = 0
@@ -46,9 +53,12 @@ class Acceptance:
     def __post_init__(self):
         self.alpha = self.alpha or [0.0] * self.k
         self.greedy = self.greedy or [0.0] * self.k
+        self.greedy_draft = self.greedy_draft or [0.0] * self.k
 
-    def add(self, alpha, greedy) -> None:
-        """``alpha``/``greedy``: ``[chains, k]`` tensors of per-depth acceptance."""
+    def add(self, alpha, greedy, greedy_draft=None) -> None:
+        """``[chains, k]`` tensors of per-depth acceptance: ``alpha`` (probabilistic
+        drafting, T = 1), ``greedy`` (argmax agreement, T = 0), ``greedy_draft``
+        (greedy drafting, T = 1)."""
         import torch
 
         if alpha.numel() == 0:
@@ -57,8 +67,12 @@ class Acceptance:
         for j in range(self.k):
             self.alpha[j] += float(alpha[:, j].sum())
             self.greedy[j] += float(greedy[:, j].sum())
+            if greedy_draft is not None:
+                self.greedy_draft[j] += float(greedy_draft[:, j].sum())
         self.tau += float(chain_tau(alpha).sum())
         self.greedy_tau += float(chain_tau(greedy.to(torch.float64)).sum())
+        if greedy_draft is not None:
+            self.greedy_draft_tau += float(chain_tau(greedy_draft).sum())
 
     def count_cut(self, sample: Sample, max_len: int) -> None:
         """Count what ``max_len`` drops of ``sample`` (the end of its response)."""
@@ -75,14 +89,18 @@ class Acceptance:
         self.chains += other.chains
         self.tau += other.tau
         self.greedy_tau += other.greedy_tau
+        self.greedy_draft_tau += other.greedy_draft_tau
         for j in range(self.k):
             self.alpha[j] += other.alpha[j]
             self.greedy[j] += other.greedy[j]
+            self.greedy_draft[j] += other.greedy_draft[j]
 
     def row(self) -> dict:
         n = max(self.chains, 1)
         return {"chains": self.chains, "alpha": [a / n for a in self.alpha], "tau": self.tau / n,
                 "greedy_alpha": [a / n for a in self.greedy], "greedy_tau": self.greedy_tau / n,
+                "greedy_draft_alpha": [a / n for a in self.greedy_draft],
+                "greedy_draft_tau": self.greedy_draft_tau / n,
                 "samples_cut": self.samples_cut, "tokens_dropped": self.tokens_dropped,
                 "loss_tokens_dropped": self.loss_tokens_dropped}
 
@@ -129,6 +147,27 @@ def chain_acceptance(p, qs: Sequence, valid, d2t=None):
             draft_argmax = draft_argmax + d2t.to(draft_argmax.device)[draft_argmax]
         greedy[:, j] = (draft_argmax == target_argmax[starts + j]).to(torch.float64).cpu()
     return alpha, greedy
+
+
+def greedy_draft_acceptance(p, qs: Sequence, valid, d2t=None):
+    """Per-chain acceptance when the draft proposes its argmax (vLLM's default
+    ``draft_sample_method: greedy``) and the target samples at T = 1: rejection
+    sampling with a one-hot draft accepts token x with probability ``p(x)``.
+    ``[chains, k]``, the chains of :func:`chain_acceptance`."""
+    import torch
+
+    k = len(qs)
+    n = p.shape[0] - (k - 1)
+    if n <= 0:
+        return torch.zeros(0, k, dtype=torch.float64)
+    starts = torch.nonzero(valid[:n]).flatten()
+    out = torch.zeros(len(starts), k, dtype=torch.float64)
+    for j, q in enumerate(qs):
+        x = q[starts].argmax(-1)
+        if d2t is not None:
+            x = x + d2t.to(x.device)[x]
+        out[:, j] = p[starts + j].gather(-1, x[:, None])[:, 0].to(torch.float64).cpu()
+    return out
 
 
 def _target_head(target_dir: Path):
@@ -201,7 +240,7 @@ def evaluate(
                 valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k <= n
             alpha, greedy = chain_acceptance(p, qs, valid.to(dev), d2t)
             acc = per_source[s.source or "data"]
-            acc.add(alpha, greedy)
+            acc.add(alpha, greedy, greedy_draft_acceptance(p, qs, valid.to(dev), d2t))
             acc.count_cut(s, max_len)
     finally:
         hook.remove()
@@ -216,11 +255,13 @@ def evaluate(
 def format_table(results: dict[str, dict[str, dict]], k: int = 3) -> str:
     """Markdown: one row per (draft, source)."""
     head = ("| draft | prompts | chains | " + " | ".join(f"α{j + 1}" for j in range(k)) +
-            f" | τ (k={k}, T=1) | greedy τ |")
-    lines = [head, "|" + "---|" * (k + 5)]
+            f" | τ probabilistic draft (k={k}, T=1) | τ greedy draft (T=1, vLLM default) "
+            "| τ greedy (T=0) |")
+    lines = [head, "|" + "---|" * (k + 6)]
     for draft, rows in results.items():
         for source, r in rows.items():
             lines.append(f"| {draft} | {source} | {r['chains']} | " +
                          " | ".join(f"{a:.3f}" for a in r["alpha"]) +
-                         f" | {r['tau']:.3f} | {r['greedy_tau']:.3f} |")
+                         f" | {r['tau']:.3f} | {r.get('greedy_draft_tau', float('nan')):.3f} "
+                         f"| {r['greedy_tau']:.3f} |")
     return "\n".join(lines)
