@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import ThreadingHTTPServer
 
 import pytest
@@ -100,15 +99,19 @@ def test_holdout_never_splits_a_conversation():
 
 
 class _Server(_Handler):
-    """Chat completions with token ids; conversation 'slow' takes 1.5 s per turn."""
+    """Chat completions with token ids. The first 8 requests are answered only once all
+    8 are in flight (a barrier); conversation 'slow' is answered only after every other
+    conversation's turns were (or after 30 s): a client that waits for a batch's slowest
+    request never gets there."""
 
     lock = threading.Lock()
-    in_flight = 0
-    most = 0
+    in_flight = most = served = 0
     order: list[str] = []
-
-    def do_GET(self):
-        self._send({"data": [{"id": "stand-in"}]})
+    gate = threading.Barrier(8)
+    gate_broken = False
+    others_done = threading.Event()
+    others = 0
+    slow_released = None
 
     def do_POST(self):
         cls = type(self)
@@ -116,12 +119,24 @@ class _Server(_Handler):
         with cls.lock:
             cls.in_flight += 1
             cls.most = max(cls.most, cls.in_flight)
+            cls.served += 1
+            early = cls.served <= 8
+        if early:
+            try:
+                cls.gate.wait(timeout=30)
+            except threading.BrokenBarrierError:
+                cls.gate_broken = True
         first = body["messages"][0]["content"]
-        time.sleep(1.5 if first == "slow" else 0.2)
+        if first == "slow":
+            cls.slow_released = cls.others_done.wait(timeout=30)
         out, content, reasoning = _answer(body["messages"])
         with cls.lock:
             cls.in_flight -= 1
             cls.order.append(first)
+            if first != "slow":
+                cls.others += 1
+                if cls.others == 2 * 11:
+                    cls.others_done.set()
         self._send({"prompt_token_ids": _render(body["messages"]),
                     "choices": [{"token_ids": out, "finish_reason": "stop",
                                  "message": {"content": content, "reasoning": reasoning}}]})
@@ -130,29 +145,26 @@ class _Server(_Handler):
 def test_server_regeneration_keeps_many_requests_in_flight(tmp_path):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    _Server.in_flight, _Server.most, _Server.order = 0, 0, []
     try:
         gen = regenerate.ServerGenerator(f"http://127.0.0.1:{srv.server_port}/v1",
                                          regenerate.Sampling(max_tokens=64), concurrency=8)
         convs = [regenerate.Conversation("p", ("slow", "again"))] + [
             regenerate.Conversation("p", (f"q{i}", "again")) for i in range(11)]
-        t0 = time.perf_counter()
         section = regenerate.regenerate(tmp_path / "d", convs, gen, progress=False,
                                         log=lambda _m: None)
-        took = time.perf_counter() - t0
     finally:
         srv.shutdown()
     samples = layout.read_samples(tmp_path / "d")
     assert len(samples) == 12 and all(s.conversation for s in samples)
-    # several requests at once (8 threads; thread start-up on a loaded machine may
-    # keep a few from overlapping), and the slow conversation held up none of the
-    # others: every other conversation finished, and was stored, before it
-    assert 4 <= _Server.most <= 8, _Server.most
-    assert _Server.order[-1] == "slow" and samples[-1].messages[0]["content"] == "slow"
-    assert took < 2 * (1.5 + 11 * 0.2), took  # one request at a time: 7.4 s
+    # eight requests were in flight together, never more than --concurrency
+    assert not _Server.gate_broken and _Server.most == 8, _Server.most
+    # the slow conversation held up none of the others: all 22 of their turns were
+    # answered while its first turn was still open, and it was stored last
+    assert _Server.slow_released is True
+    assert _Server.order[-2:] == ["slow", "slow"]
+    assert samples[-1].messages[0]["content"] == "slow"
     assert section["measured"]["history_tokens_unmatched"] == 12 * (len("think1") + 1 + 1)
     # resumed: nothing asked again
-    _Server.order = []
     again = regenerate.regenerate(tmp_path / "d", convs, gen := regenerate.ServerGenerator(
         "http://127.0.0.1:1/v1", regenerate.Sampling(), model="stand-in"), progress=False,
         log=lambda _m: None)
