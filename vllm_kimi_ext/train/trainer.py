@@ -523,15 +523,20 @@ def write_speculators_dataset(data_dir: str | Path) -> Path:
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    samples = layout.read_samples(data_dir)
+    samples = layout.read_samples(data_dir, tokens=False)
     if [s.index for s in samples] != list(range(len(samples))):
         raise DataError(f"{data_dir}: sample indices are not 0..n-1; speculators reads "
                         "row i from hs_i.safetensors")
-    table = pa.table({
-        "input_ids": pa.array([s.input_ids for s in samples], type=pa.list_(pa.int64())),
-        "loss_mask": pa.array([[bool(m) for m in s.loss_mask] for s in samples],
-                              type=pa.list_(pa.bool_())),
-        "seq_len": pa.array([s.num_tokens for s in samples], type=pa.int64())})
+    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.bool_())),
+                        ("seq_len", pa.int64())])
+    batches = []
+    for start in range(0, len(samples), 1024):  # Python lists for 1024 samples at a time
+        chunk = [layout.with_tokens(data_dir, s) for s in samples[start:start + 1024]]
+        batches.append(pa.record_batch([
+            pa.array([s.input_ids for s in chunk], type=pa.list_(pa.int64())),
+            pa.array([[bool(m) for m in s.loss_mask] for s in chunk], type=pa.list_(pa.bool_())),
+            pa.array([s.num_tokens for s in chunk], type=pa.int64())], schema=schema))
+    table = pa.Table.from_batches(batches, schema=schema)
     # an explicit fingerprint: datasets' own (a pickle of the table) fails on some
     # pyarrow/dill combinations
     digest = hashlib.sha256((Path(data_dir) / layout.SAMPLES).read_bytes()).hexdigest()[:16]
