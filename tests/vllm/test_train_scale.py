@@ -153,3 +153,13 @@ def test_eval_counts_what_its_length_limit_cuts(data):
     assert cut["samples_cut"] == 8 and cut["tokens_dropped"] == 8 * 16
     assert cut["loss_tokens_dropped"] == 8 * 16
     assert 0 < cut["chains"] < whole["chains"]
+
+
+def test_loader_workers_feed_the_same_batches(data, tmp_path):
+    """Shards read in DataLoader worker processes: the same steps as in-process reads."""
+    from vllm_kimi_ext.train.trainer import TrainConfig, train
+
+    runs = [train(*data, tmp_path / f"w{n}", config=TrainConfig(
+        max_steps=3, max_len=48, seed=0, loader_workers=n), progress=False,
+        log=lambda _m: None) for n in (0, 2)]
+    assert runs[0].losses == runs[1].losses and runs[0].tokens == runs[1].tokens
