@@ -50,6 +50,8 @@ CASES = [
     ("shard-words", CAPTURE + ("--shard", "a/b"), ("--shard",)),
     ("eval-max-len-zero", EVAL + ("--max-len", "0"), ("--max-len",)),
     ("eval-max-len-word", EVAL + ("--max-len", "long"), ("--max-len",)),
+    ("eval-device-unknown", EVAL + ("--device", "gpu0"), ("--device", "cuda:N")),
+    ("eval-device-index-word", EVAL + ("--device", "cuda:x"), ("--device",)),
 ]
 
 

@@ -329,8 +329,17 @@ def _add_eval_scale_flags(p: argparse.ArgumentParser) -> None:
                    help="tokens of each sample evaluated; longer samples are cut, warned "
                         "and counted (default fits 8192 response tokens + an 8192-token "
                         "prompt)")
-    p.add_argument("--device", default=None,
-                   help="default: cuda (bf16) if available, else cpu (fp32)")
+    p.add_argument("--device", type=_device_arg, default=None,
+                   help="cpu, cuda or cuda:N; default: cuda (bf16) if available, else cpu "
+                        "(fp32)")
+
+
+def _device_arg(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
 
 
 def _warn_eval_cut(results: dict, max_len: int) -> None:
