@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_kimi_dir(tmp_path_factory):
     """A tiny Kimi-K2.5 checkpoint (default spec) shared by the session."""
-    from vllm_kimi_ext.testing.checkpoints import write_tiny_kimi_k25
+    from testkit.checkpoints import write_tiny_kimi_k25
 
     path = tmp_path_factory.mktemp("tiny-kimi-k25")
     write_tiny_kimi_k25(path)

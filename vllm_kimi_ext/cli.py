@@ -27,6 +27,12 @@ _SUBCOMMAND_MODULES = (
     "vllm_kimi_ext.drafts.cli",  # doctor, draft shrink-vocab, draft tli-check
     "vllm_kimi_ext.tokenizers.cli",  # tokenizer-check
 )
+#: (command group, ``module:function`` that adds subcommands to it, given the group's
+#: subparsers): groups that several packages fill, so that none imports another for its CLI
+_GROUP_MODULES = (
+    # draft regenerate, capture, train, eval, bill
+    ("draft", "vllm_kimi_ext.train.cli:register_draft_subcommands"),
+)
 _EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 
 _DEBUG_HELP = "on an error, print the Python traceback too"
@@ -66,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    for group, ref in _GROUP_MODULES:
+        (group_sub,) = [a for a in sub.choices[group]._actions
+                        if isinstance(a, argparse._SubParsersAction)]
+        module, _, function = ref.partition(":")
+        getattr(importlib.import_module(module), function)(group_sub)
     _add_contract(parser)
     return parser
 

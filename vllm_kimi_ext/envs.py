@@ -84,9 +84,6 @@ class Flag:
         if self.kind not in _PARSERS:
             raise ValueError(f"{self.name}: unknown kind {self.kind!r}")
 
-    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
-        return self.name in (os.environ if environ is None else environ)
-
     def get(self, environ: Mapping[str, str] | None = None) -> Any:
         """The parsed value (the default when unset); :class:`EnvError` when invalid."""
         environ = os.environ if environ is None else environ

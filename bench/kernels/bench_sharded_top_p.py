@@ -150,8 +150,8 @@ def kimi_width(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 # 1. exactness on real logits
 # ---------------------------------------------------------------------------
 def exactness(real: torch.Tensor, topk_topp) -> dict:
-    from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-    from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+    from testkit.verify_equivalence import assert_equivalent
+    from testkit.verify_simulate import simulate_sharded_verify
     from vllm_kimi_ext.verify import ReferenceVerifier, VocabShardedVerifier
     from vllm_kimi_ext.verify.reference import sampling_keep_mask
 
@@ -234,7 +234,7 @@ def _compare_masks(s: torch.Tensor, exact: torch.Tensor, topk_topp) -> dict:
 # ---------------------------------------------------------------------------
 def recorded_gathers(z: torch.Tensor, b, rank: int) -> list[torch.Tensor]:
     """Run the 8 ranks once; return what ``rank``'s all-gathers returned, in order."""
-    from vllm_kimi_ext.testing.verify_simulate import run_ranks, shard_columns
+    from testkit.verify_simulate import run_ranks, shard_columns
     from vllm_kimi_ext.verify import VocabShardedVerifier
 
     shards = shard_columns(z, TP, V)

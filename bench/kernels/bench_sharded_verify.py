@@ -205,9 +205,9 @@ def vllm_inputs(rows: int, temp: float, drafts: torch.Tensor, seeds: torch.Tenso
 
 
 def correctness(quick: bool) -> dict:
-    from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-    from vllm_kimi_ext.testing.verify_kernel_check import run_checks
-    from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+    from testkit.verify_equivalence import assert_equivalent
+    from testkit.verify_kernel_check import run_checks
+    from testkit.verify_simulate import simulate_sharded_verify
     from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
     from vllm_kimi_ext.verify.kernels import decide_triton, shard_local_stats_triton
 

@@ -69,7 +69,7 @@ def _case(device: str, seed: int = 0):
 def _binned_chi_square(counts: torch.Tensor, probs: torch.Tensor, n: int):
     """Pearson chi-square of ``n`` draws against ``probs``, the tail (expected count < 5)
     pooled into one bin: (statistic, p-value, degrees of freedom)."""
-    from vllm_kimi_ext.testing.verify_equivalence import chi_square
+    from testkit.verify_equivalence import chi_square
 
     order = torch.argsort(probs, descending=True)
     keep = order[probs[order] * n >= 5]

@@ -35,7 +35,7 @@ def test_tp_wrappers_route_through_group_coordinator():
 
 
 def test_cpu_platform_triton_gate_still_exists():
-    """vllm_kimi_ext.testing.vllm_cpu.cpu_config_without_triton_cpu targets this
+    """testkit.vllm_cpu.cpu_config_without_triton_cpu targets this
     check; delete the workaround when upstream stops requiring triton-cpu."""
     from vllm.platforms.cpu import CpuPlatform
 
@@ -44,7 +44,7 @@ def test_cpu_platform_triton_gate_still_exists():
 
 
 def test_cpu_moe_ops_signature():
-    """vllm_kimi_ext.testing.cpu_stand_ins mirrors these op signatures."""
+    """testkit.cpu_stand_ins mirrors these op signatures."""
     from vllm import _cpu_ops
 
     src = inspect.getsource(_cpu_ops.cpu_fused_moe)

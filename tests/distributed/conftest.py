@@ -5,8 +5,8 @@ import pytest
 def tp2_target_results(tiny_kimi_dir):
     """One TP=2 run of the tiny Kimi-K2.5 target shared by several test files
     (spawning ranks costs ~20 s on 2 cores)."""
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.tp_scenarios import target_pass_collectives
+    from testkit.distributed import run_tp
+    from testkit.tp_scenarios import target_pass_collectives
 
     return run_tp(target_pass_collectives, 2, str(tiny_kimi_dir), 4)
 
@@ -19,7 +19,7 @@ DRAFT_TP_ROWS = 2
 def eagle3_heads(tmp_path_factory):
     """Tiny EAGLE-3 heads for the tiny Kimi-K2.5 target: name -> (directory,
     checkpoint shapes). ``llama-shared`` has no embedding of its own."""
-    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+    from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 
     root = tmp_path_factory.mktemp("heads")
     specs = {"llama": TinyEagle3Spec(style="llama"),
@@ -36,8 +36,8 @@ def draft_tp_results(tiny_kimi_dir, eagle3_heads):
     EAGLE-3 drafts under vLLM's real ``load_eagle_model``, the agreement check
     (``_agreement``) and the size-1 group check (``_tp_group``). Cases the
     running vLLM lacks the patch for are left out."""
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.draft_scenarios import (
+    from testkit.distributed import run_tp
+    from testkit.draft_scenarios import (
         DraftCase,
         has_replicated_embedding_patch,
         has_unsharded_draft_patch,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
-from vllm_kimi_ext.testing.draft_scenarios import (
+from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from testkit.draft_scenarios import (
     DraftCase,
     TinyDFlashSpec,
     expected_draft_pass,
@@ -63,16 +63,16 @@ def _cases(drafts, with_tp1: bool):
 
 @pytest.fixture(scope="module")
 def tp2(tiny_kimi_dir, drafts):
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.draft_scenarios import draft_collectives
+    from testkit.distributed import run_tp
+    from testkit.draft_scenarios import draft_collectives
 
     return run_tp(draft_collectives, 2, str(tiny_kimi_dir), _cases(drafts, True))
 
 
 @pytest.fixture(scope="module")
 def tp4(tiny_kimi_dir, drafts):
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.draft_scenarios import draft_collectives
+    from testkit.distributed import run_tp
+    from testkit.draft_scenarios import draft_collectives
 
     return run_tp(draft_collectives, 4, str(tiny_kimi_dir), _cases(drafts, False))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.draft_scenarios import has_unsharded_tp_group_patch
+from testkit.draft_scenarios import has_unsharded_tp_group_patch
 
 pytestmark = [
     pytest.mark.vllm,

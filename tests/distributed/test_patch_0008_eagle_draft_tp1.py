@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec
-from vllm_kimi_ext.testing.draft_scenarios import (
+from testkit.checkpoints import TinyKimiSpec
+from testkit.draft_scenarios import (
     expected_draft_pass,
     full_shapes,
     has_unsharded_draft_patch,

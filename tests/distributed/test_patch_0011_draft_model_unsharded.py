@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.draft_scenarios import expected_draft_pass, summarize
-from vllm_kimi_ext.testing.tli_scenarios import write_tiny_qwen3_draft, write_tli_target
+from testkit.draft_scenarios import expected_draft_pass, summarize
+from testkit.tli_scenarios import write_tiny_qwen3_draft, write_tli_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
@@ -29,8 +29,8 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tp2(setup):
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.tli_scenarios import tli_placement_collectives
+    from testkit.distributed import run_tp
+    from testkit.tli_scenarios import tli_placement_collectives
 
     target, draft = setup
     return run_tp(tli_placement_collectives, 2, str(target), str(draft.path), ROWS)

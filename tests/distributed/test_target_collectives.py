@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.tp_scenarios import count_discrepancies
+from testkit.tp_scenarios import count_discrepancies
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 

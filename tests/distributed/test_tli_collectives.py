@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.draft_scenarios import expected_draft_pass, summarize
-from vllm_kimi_ext.testing.tli_scenarios import write_retokenized_draft, write_tli_target
+from testkit.draft_scenarios import expected_draft_pass, summarize
+from testkit.tli_scenarios import write_retokenized_draft, write_tli_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
@@ -21,8 +21,8 @@ ROWS = 4
 
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
-    from vllm_kimi_ext.testing.distributed import run_tp
-    from vllm_kimi_ext.testing.tli_scenarios import tli_draft_collectives
+    from testkit.distributed import run_tp
+    from testkit.tli_scenarios import tli_draft_collectives
 
     target = write_tli_target(tmp_path_factory.mktemp("tli-target"))
     draft = write_retokenized_draft(target, tmp_path_factory.mktemp("tli-draft"))

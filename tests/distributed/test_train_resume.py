@@ -52,7 +52,7 @@ def workspace(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_kimi_ext.testing.checkpoints import (
+    from testkit.checkpoints import (
         TinyEagle3Spec,
         TinyKimiSpec,
         write_tiny_deepseek_v3,

@@ -3,14 +3,14 @@
 Each rank holds only its vocabulary shard and exchanges statistics through
 ``torch.distributed.all_gather``; every rank checks its output against the
 full-vocabulary reference, that all ranks agree, and that the collectives it
-issued match ``comm_plan`` (see ``vllm_kimi_ext.testing.verify_dist_check``).
+issued match ``comm_plan`` (see ``testkit.verify_dist_check``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing import verify_dist_check
+from testkit import verify_dist_check
 
 pytestmark = pytest.mark.distributed
 

@@ -14,7 +14,7 @@ pytestmark = [
 
 
 def test_triton_kernels_match_fused_torch():
-    from vllm_kimi_ext.testing.verify_kernel_check import run_checks
+    from testkit.verify_kernel_check import run_checks
 
     summary = run_checks("cuda", quick=False)
     assert summary["hash_words_checked"] > 0
@@ -22,8 +22,8 @@ def test_triton_kernels_match_fused_torch():
 
 @pytest.mark.parametrize("tp", [2, 8])
 def test_sharded_triton_equals_reference(tp):
-    from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-    from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+    from testkit.verify_equivalence import assert_equivalent
+    from testkit.verify_simulate import simulate_sharded_verify
     from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
     from vllm_kimi_ext.verify.kernels import decide_triton, shard_local_stats_triton
 

@@ -1,6 +1,6 @@
 """Every bad input a user can pass is refused with a named reason, never a traceback.
 
-The cases are a table (``vllm_kimi_ext.testing.bad_input_cases``, one list per tool):
+The cases are a table (``testkit.bad_input_cases``, one list per tool):
 each builds its inputs, runs the command in-process through ``vllm_kimi_ext.cli.main``
 and must exit with the contract's code (0 clean, 1 findings, 2 usage / unreadable
 input), print the listed words, report the listed doctor codes, leave no partial
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 import vllm_kimi_ext
+from testkit.bad_input import Bases, Workspace, run_case
+from testkit.bad_input_cases import ALL_CASES, CASES_BY_TOOL
 from vllm_kimi_ext.drafts import doctor_codes
-from vllm_kimi_ext.testing.bad_input import Bases, Workspace, run_case
-from vllm_kimi_ext.testing.bad_input_cases import ALL_CASES, CASES_BY_TOOL
 
 REPO = Path(vllm_kimi_ext.__file__).parent.parent
 

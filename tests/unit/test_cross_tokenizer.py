@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from testkit.tokenizers import write_kimi_tokenizer, write_variant
 from vllm_kimi_ext.drafts.cross_tokenizer import (
     build_intersection,
     expected_acceptance,
@@ -23,7 +24,6 @@ from vllm_kimi_ext.drafts.cross_tokenizer import (
     tli_propose,
     verify_chain,
 )
-from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer, write_variant
 
 N_DRAWS = 200_000
 ALPHA = 1e-3

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from testkit.tokenizers import write_kimi_tokenizer, write_variant
 from vllm_kimi_ext.drafts.hook import _check_draft_tokenizer
-from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer, write_variant
 from vllm_kimi_ext.tokenizers import TokenizerMismatchError
 
 

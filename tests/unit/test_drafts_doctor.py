@@ -1,7 +1,7 @@
 """`vllm-kimi-ext doctor`: every finding path, on tiny Kimi-shaped checkpoints.
 
 The draft directories are written by the same writers the vLLM tests load
-(`vllm_kimi_ext.testing.checkpoints`), then edited (config fields, tensors)
+(`testkit.checkpoints`), then edited (config fields, tensors)
 to reproduce one trap each. Messages must name the values involved.
 """
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.drafts import cli as drafts_cli
-from vllm_kimi_ext.drafts.doctor import diagnose, effective_aux_layer_ids
-from vllm_kimi_ext.testing.checkpoints import (
+from testkit.checkpoints import (
     TinyEagle3Spec,
     TinyKimiSpec,
     write_tiny_eagle3,
     write_tiny_kimi_k25,
 )
+from vllm_kimi_ext.drafts import cli as drafts_cli
+from vllm_kimi_ext.drafts.doctor import diagnose, effective_aux_layer_ids
 
 TARGET = TinyKimiSpec(num_hidden_layers=6)  # default taps (2, 3, 3) are in range
 VOCAB = TARGET.vocab_size
@@ -254,7 +254,7 @@ def test_separate_mtp_dir_with_text_only_config_on_kimi_target_is_accepted(tmp_p
     """A DeepSeek-typed MTP directory on a Kimi-K2.5 target: stock vLLM would crash
     mid-load (its DeepSeekMTPModel reads the target's nested config); with patch
     0012 it loads as KimiK25MTPModel (tests/vllm/test_patch_0012_*), so no finding."""
-    from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
+    from testkit.checkpoints import write_tiny_deepseek_v3
 
     spec = dataclasses.replace(TARGET, num_hidden_layers=2)
     target = tmp_path / "target"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from testkit.tokenizers import write_kimi_tokenizer, write_variant
 from vllm_kimi_ext.drafts.doctor import diagnose
 from vllm_kimi_ext.findings import Finding
-from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer, write_variant
 from vllm_kimi_ext.tokenizers import check_tokenizers
 
 

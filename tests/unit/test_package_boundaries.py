@@ -1,11 +1,14 @@
 """The installed package ships the product only, and reads nothing outside itself.
 
-Two checks over the AST of every module of ``vllm_kimi_ext`` (nothing is imported):
+Three checks over the AST of every module of ``vllm_kimi_ext`` (nothing is imported):
 
-* **imports**: no product module (anything outside ``vllm_kimi_ext/testing/``) imports
-  ``vllm_kimi_ext.testing`` or the benchmark harness ``bench`` - absolute or relative
-  imports, including ones inside functions, and ``importlib.import_module("...")`` with a
-  literal name;
+* **imports**: no product module imports the test kit ``testkit``, the benchmark harness
+  ``bench`` or a ``vllm_kimi_ext.testing`` (the test kit's old home, which must not come
+  back) - absolute or relative imports, including ones inside functions, and
+  ``importlib.import_module("...")`` with a literal name;
+* **layers**: no import cycle between the package's parts (a subpackage such as ``comm/``,
+  or a top-level module such as ``cli.py``), counting every import, function-level ones
+  included;
 * **paths**: no module computes a path above the package directory from ``__file__``. The
   heuristic counts the levels an expression climbs from the module file: ``.parent`` (+1),
   ``.parents[N]`` (+N+1), ``os.path.dirname(...)`` (+1), ``/ ".."`` or an ``os.path.join``
@@ -25,7 +28,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_kimi_ext"
-FORBIDDEN = ("vllm_kimi_ext.testing", "bench")
+FORBIDDEN = ("vllm_kimi_ext.testing", "testkit", "bench")
 #: Modules still reading outside the package, each with the change that removes it; an entry
 #: that no longer finds anything fails the test, so the list only shrinks.
 KNOWN_PATH_ESCAPES: dict[str, str] = {}
@@ -61,8 +64,6 @@ def _imported_names(tree: ast.AST, rel: Path) -> list[tuple[int, str]]:
 
 
 def forbidden_imports(source: str, rel: Path) -> list[str]:
-    if rel.parts[0] == "testing":
-        return []
     hits = []
     for line, name in _imported_names(ast.parse(source), rel):
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
@@ -141,10 +142,73 @@ def _modules() -> list[Path]:
     return sorted(p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py"))
 
 
+def _part(module: str) -> str:
+    """The part of the package a module belongs to: ``vllm_kimi_ext.comm.x`` -> ``comm``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def import_cycles(sources: dict[Path, str]) -> list[str]:
+    """Each cycle between parts of the package (strongly connected components of the
+    part-level import graph of ``{package-relative path: source}``), with the imports in it."""
+    edges: dict[str, dict[str, list[str]]] = {}
+    for rel, source in sources.items():
+        src = _part(_module_name(rel))
+        for line, name in _imported_names(ast.parse(source), rel):
+            dst = _part(name) if name.startswith("vllm_kimi_ext.") else None
+            if dst is not None and dst != src:
+                edges.setdefault(src, {}).setdefault(dst, []).append(f"{rel.as_posix()}:{line}")
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                via = [f"{a} -> {b} ({', '.join(sorted(set(edges[a][b])))})"
+                       for a in sorted(comp) for b in sorted(edges.get(a, {})) if b in comp]
+                found.append("; ".join(via))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
 def test_product_modules_do_not_import_testing_or_the_bench_harness():
     hits = [h for rel in _modules()
             for h in forbidden_imports((PACKAGE / rel).read_text(), rel)]
     assert hits == [], "\n".join(hits)
+
+
+def test_no_import_cycle_between_parts_of_the_package():
+    cycles = import_cycles({rel: (PACKAGE / rel).read_text() for rel in _modules()})
+    assert cycles == [], "\n".join(cycles)
+
+
+def test_a_planted_import_cycle_is_found():
+    sources = {Path("comm/accounting.py"): "def f():\n    from vllm_kimi_ext import runtime\n",
+               Path("runtime/__init__.py"): "from vllm_kimi_ext.comm import accounting\n",
+               Path("drafts/cli.py"): "from ..train.cli import register\n",
+               Path("train/trainer.py"): "from vllm_kimi_ext.drafts.doctor import diagnose\n",
+               Path("cli.py"): "from vllm_kimi_ext.train import cli\n"}
+    assert import_cycles(sources) == [
+        "comm -> runtime (comm/accounting.py:2); runtime -> comm (runtime/__init__.py:1)",
+        "drafts -> train (drafts/cli.py:1); train -> drafts (train/trainer.py:1)"]
+    del sources[Path("drafts/cli.py")]
+    assert len(import_cycles(sources)) == 1
 
 
 def test_no_module_computes_a_path_outside_the_package():
@@ -168,6 +232,10 @@ def test_no_module_computes_a_path_outside_the_package():
     ("import vllm_kimi_ext.testing.tokenizers", "cli.py"),
     ("from bench.harness import common", "costmodel/report.py"),
     ("import importlib\nimportlib.import_module('vllm_kimi_ext.testing.vllm_cpu')", "plugin.py"),
+    ("from testkit.checkpoints import write_tiny_kimi_k25", "drafts/m.py"),
+    ("def f():\n    import testkit.distributed", "verify/m.py"),
+    ("import importlib\nimportlib.import_module('testkit.vllm_cpu')", "plugin.py"),
+    ("from vllm_kimi_ext.testing import checkpoints", "testing/m.py"),  # no exempt folder
 ])
 def test_a_planted_import_is_found(source, rel):
     assert forbidden_imports(source, Path(rel))
@@ -176,7 +244,7 @@ def test_a_planted_import_is_found(source, rel):
 @pytest.mark.parametrize("source,rel", [
     ("from vllm_kimi_ext.tokenizers import check", "drafts/m.py"),
     ("from .testing_notes import x", "drafts/m.py"),  # vllm_kimi_ext.drafts.testing_notes
-    ("from vllm_kimi_ext.testing import checkpoints", "testing/m.py"),  # testing itself
+    ("import testkitten", "cli.py"),
     ("import benchmark_tools", "cli.py"),
 ])
 def test_allowed_imports_pass(source, rel):

@@ -100,3 +100,27 @@ def test_selection_follows_the_flags():
     counting = runtime.selected({"VLLM_KIMI_EXT_COUNT_COLLECTIVES": "10"})
     assert counting[0] == base[0] and runtime.GROUP_COUNTING in counting and len(counting) == 4
     assert runtime.selected({"VLLM_KIMI_EXT_COUNT_COLLECTIVES": "0"}) == base
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=PACKAGE.parent, check=False)
+
+
+def test_comm_gets_the_counting_patch_from_runtime_and_fails_closed_without_it():
+    """comm must not import runtime (no cycle), so runtime registers the GroupCoordinator
+    patch installer with comm.accounting; a counter started before that refuses to run
+    (it would count nothing). Fresh interpreters: no vLLM import needed."""
+    alone = _run("from vllm_kimi_ext.comm import CollectiveCounter\n"
+                 "CollectiveCounter().start()")
+    assert alone.returncode != 0 and "import vllm_kimi_ext.runtime first" in alone.stderr, \
+        alone.stderr
+    registered = _run(
+        "import vllm_kimi_ext.runtime as rt\n"
+        "from vllm_kimi_ext.comm import CollectiveCounter, accounting\n"
+        "calls = []\n"
+        "rt.install = lambda *refs: calls.append(refs)\n"  # no vLLM here: record the call
+        "with CollectiveCounter():\n"
+        "    pass\n"
+        "assert calls == [(rt.GROUP_COUNTING,)], calls\n")
+    assert registered.returncode == 0, registered.stderr

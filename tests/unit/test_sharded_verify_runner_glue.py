@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.runner_stand_ins import (
+from testkit.runner_stand_ins import (
     PENALTIES,
     owner_of,
     stand_in,

@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 from vllm_kimi_ext.drafts import shrink_vocab as sv
 from vllm_kimi_ext.drafts.shrink_vocab import ShrinkVocabError, shrink_vocab
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 
 TARGET = TinyKimiSpec(num_ranks=1024)
 VOCAB = TARGET.vocab_size  # 1280: bos 1024, eos 1025, pad 1279 in the head's config
@@ -130,8 +130,8 @@ def test_round_trip(head, corpora, tmp_path):
 
 
 def test_output_passes_doctor(head, corpora, tmp_path):
+    from testkit.checkpoints import write_tiny_deepseek_v3
     from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
 
     target = tmp_path / "target"
     write_tiny_deepseek_v3(target, TARGET)
@@ -304,7 +304,7 @@ sys.exit(main(sys.argv[2:]))
 
 @pytest.fixture(scope="module")
 def cli_inputs(tmp_path_factory):
-    from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
+    from testkit.tokenizers import write_kimi_tokenizer
 
     root = tmp_path_factory.mktemp("interrupted")
     spec = TinyKimiSpec(num_ranks=512)

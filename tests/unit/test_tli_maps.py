@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from testkit.tli_scenarios import write_hf_bytelevel_tokenizer
+from testkit.tokenizers import write_kimi_tokenizer, write_rank_file
 from vllm_kimi_ext.drafts.tli import TLIConfigError, build_tli_maps, project_inputs
-from vllm_kimi_ext.testing.tli_scenarios import write_hf_bytelevel_tokenizer
-from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer, write_rank_file
 from vllm_kimi_ext.tokenizers.loading import tokenizer_kind, vocab_keys
 
 N = 512

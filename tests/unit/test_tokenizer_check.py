@@ -8,8 +8,7 @@ import shutil
 
 import pytest
 
-from vllm_kimi_ext.cli import main
-from vllm_kimi_ext.testing.tokenizers import (
+from testkit.tokenizers import (
     KIMI_CHAT_TEMPLATE,
     REAL_KIMI_N_RANKS,
     build_ranks,
@@ -18,6 +17,7 @@ from vllm_kimi_ext.testing.tokenizers import (
     write_kimi_tokenizer,
     write_variant,
 )
+from vllm_kimi_ext.cli import main
 from vllm_kimi_ext.tokenizers import (
     TokenizerInputError,
     TokenizerMismatchError,

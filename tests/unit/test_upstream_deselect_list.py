@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext.testing.upstream_deselect import OPTION, _matches, load_entries
+from testkit.upstream_deselect import OPTION, _matches, load_entries
 
 REPO = Path(__file__).resolve().parents[2]
 LIST = REPO / "tests" / "upstream" / "deselect.txt"
@@ -48,7 +48,7 @@ def _pytest_with_plugin(tmp_path: Path, *args: str) -> subprocess.CompletedProce
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "vllm_kimi_ext.testing.upstream_deselect",
+        [sys.executable, "-m", "pytest", "-p", "testkit.upstream_deselect",
          "-p", "no:cacheprovider", "-q", "tests", *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
 

@@ -22,8 +22,8 @@ import functools
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.verify_equivalence import chi_square
-from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+from testkit.verify_equivalence import chi_square
+from testkit.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, VocabShardedVerifier
 
 N = 100_000

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+from testkit.verify_equivalence import assert_equivalent
+from testkit.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

@@ -109,7 +109,7 @@ def test_imports_without_triton_and_vllm():
         "import torch\n"
         "import vllm_kimi_ext.verify as v\n"
         "from vllm_kimi_ext.verify import kernels\n"
-        "from vllm_kimi_ext.testing import verify_simulate as simulate\n"
+        "from testkit import verify_simulate as simulate\n"
         "assert not kernels.triton_available()\n"
         "b = v.VerifyBatch.from_draft_tokens([[1, 2]], [1.0], [3])\n"
         "z = torch.randn(3, 10)\n"

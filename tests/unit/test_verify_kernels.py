@@ -86,7 +86,7 @@ def test_triton_kernel_in_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     r = subprocess.run(
-        [sys.executable, "-m", "vllm_kimi_ext.testing.verify_kernel_check", "--device", "cpu",
+        [sys.executable, "-m", "testkit.verify_kernel_check", "--device", "cpu",
          "--quick"],
         capture_output=True, text=True, timeout=300, cwd=REPO, env=env, check=False)
     assert r.returncode == 0, r.stderr[-3000:]

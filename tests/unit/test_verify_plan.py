@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+from testkit.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import (
     BatchModes,
     Fallback,

@@ -22,8 +22,8 @@ import torch
 
 import vllm_kimi_ext.verify.cuts as cuts
 import vllm_kimi_ext.verify.sharded as sharded
-from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+from testkit.verify_equivalence import assert_equivalent
+from testkit.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import BatchModes, ReferenceVerifier, VerifyBatch, comm_plan
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
 
@@ -347,7 +347,7 @@ def _draw(name, kind, patch=None, n=N):
 
 
 def _fits(counts, p) -> tuple[bool, float]:
-    from vllm_kimi_ext.testing.verify_equivalence import chi_square
+    from testkit.verify_equivalence import chi_square
 
     if int(counts[p == 0].sum()) > 0:
         return False, 0.0  # a token outside the nucleus was emitted

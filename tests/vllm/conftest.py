@@ -5,7 +5,7 @@ import pytest
 def _vllm_single_rank():
     """vLLM layers read the TP group at construction: one gloo rank per test process."""
     try:
-        from vllm_kimi_ext.testing.vllm_cpu import ensure_single_rank
+        from testkit.vllm_cpu import ensure_single_rank
     except ImportError:
         return
     import importlib.util
@@ -35,8 +35,8 @@ def _restore_transformers_config_model_types():
 def draft_tp_heads(tmp_path_factory):
     """A tiny EAGLE-3 head and a tiny DFlash drafter for the tiny Kimi-K2.5
     target, shared by the draft-TP configuration tests."""
-    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
-    from vllm_kimi_ext.testing.draft_scenarios import write_tiny_dflash
+    from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+    from testkit.draft_scenarios import write_tiny_dflash
 
     root = tmp_path_factory.mktemp("cfg-heads")
     write_tiny_eagle3(root / "eagle3", TinyKimiSpec(), TinyEagle3Spec())
@@ -48,7 +48,7 @@ def draft_tp_heads(tmp_path_factory):
 def tp2_config(tiny_kimi_dir):
     """``tp2_config(speculative_config)``: vLLM's own config path for the tiny
     Kimi-K2.5 target at tensor_parallel_size=2."""
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     return lambda spec: make_vllm_config(tiny_kimi_dir, tensor_parallel_size=2,
                                          speculative_config=spec)
@@ -58,7 +58,7 @@ def tp2_config(tiny_kimi_dir):
 def eagle3_config():
     """``eagle3_config(target_dir, draft_dir)``: vLLM's own config path for an
     EAGLE-3 head (2 speculative tokens) on a target, at TP=1."""
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     return lambda target_dir, draft_dir: make_vllm_config(target_dir, speculative_config={
         "method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": 2})

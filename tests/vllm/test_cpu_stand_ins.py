@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_kimi_ext.testing import cpu_stand_ins
+from testkit import cpu_stand_ins
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 
 pytestmark = pytest.mark.vllm
 
@@ -31,7 +31,7 @@ def hook():
 
 def test_hook_refuses_reduced_vocab_head_without_d2t_at_config_time(hook, tiny_kimi_dir,
                                                                     tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     draft = tmp_path / "no-d2t"
     write_tiny_eagle3(draft, TinyKimiSpec(),
@@ -45,7 +45,7 @@ def test_hook_refuses_reduced_vocab_head_without_d2t_at_config_time(hook, tiny_k
 
 def test_hook_warns_about_context_cap_and_names_requested_length(hook, tiny_kimi_dir,
                                                                   tmp_path, caplog):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     draft = tmp_path / "short"
     write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(max_position_embeddings=8192))
@@ -58,14 +58,14 @@ def test_hook_warns_about_context_cap_and_names_requested_length(hook, tiny_kimi
 
 
 def test_check_speculative_config_ignores_runs_without_drafts(tiny_kimi_dir):
+    from testkit.vllm_cpu import make_vllm_config
     from vllm_kimi_ext.drafts.hook import check_speculative_config
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
 
     check_speculative_config(make_vllm_config(tiny_kimi_dir))  # no speculative config
 
 
 def test_skip_flag_is_read_at_call_time(hook, tiny_kimi_dir, tmp_path, monkeypatch):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     draft = tmp_path / "no-d2t"
     write_tiny_eagle3(draft, TinyKimiSpec(),

@@ -16,7 +16,7 @@ tiktoken = pytest.importorskip("tiktoken")
 from vllm.tokenizers import get_tokenizer
 from vllm.tokenizers.detokenizer_utils import detokenize_incrementally
 
-from vllm_kimi_ext.testing.tokenizers import (
+from testkit.tokenizers import (
     KIMI_PAT_STR,
     build_ranks,
     kimi_special_tokens,

@@ -36,7 +36,7 @@ import re
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.checkpoints import (
+from testkit.checkpoints import (
     KIMI_INT4_QUANTIZATION_CONFIG,
     TinyKimiSpec,
     unpack_int4,
@@ -64,7 +64,7 @@ def emulated_wna16_backend(monkeypatch):
 
 
 def _mtp_cfg(path):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     return make_vllm_config(path, speculative_config={"method": "mtp",
                                                       "num_speculative_tokens": 1})
@@ -73,8 +73,8 @@ def _mtp_cfg(path):
 def test_int4_mtp_loads_with_the_targets_quantization(tmp_path, emulated_wna16_backend):
     from safetensors.torch import load_file
 
+    from testkit.vllm_cpu import load_model
     from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
 
     written = write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True, int4_experts=True)
     assert not [f.code for f in diagnose(tmp_path, tmp_path, method="mtp").findings
@@ -143,8 +143,8 @@ def _unquantize_mtp_experts(path):
 
 def test_unquantized_mtp_under_int4_config_is_named_before_loading(
         tmp_path, emulated_wna16_backend):
+    from testkit.vllm_cpu import load_model
     from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
 
     write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True, int4_experts=True)
     _unquantize_mtp_experts(tmp_path)
@@ -170,8 +170,8 @@ def test_unquantized_mtp_under_int4_config_is_named_before_loading(
 ])
 def test_doctor_quantization_decision_matches_vllm(tmp_path, emulated_wna16_backend,
                                                    extra_ignore, expect_quantized):
+    from testkit.vllm_cpu import cpu_config_without_triton_cpu
     from vllm_kimi_ext.drafts.doctor import mtp_experts_quantized
-    from vllm_kimi_ext.testing.vllm_cpu import cpu_config_without_triton_cpu
 
     write_tiny_kimi_k25(tmp_path, SPEC, with_mtp=True)
     cfg_json = json.loads((tmp_path / "config.json").read_text())

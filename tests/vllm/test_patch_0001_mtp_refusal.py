@@ -10,13 +10,13 @@ import dataclasses
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, write_tiny_deepseek_v3
+from testkit.checkpoints import TinyKimiSpec, write_tiny_deepseek_v3
 
 pytestmark = pytest.mark.vllm
 
 
 def test_kimi_k25_without_mtp_layers_is_refused(tiny_kimi_dir):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     with pytest.raises(Exception) as err:
         make_vllm_config(tiny_kimi_dir, speculative_config={
@@ -29,7 +29,7 @@ def test_kimi_k25_without_mtp_layers_is_refused(tiny_kimi_dir):
 
 
 def test_deepseek_v3_with_zero_mtp_layers_is_refused(tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     write_tiny_deepseek_v3(tmp_path, TinyKimiSpec(num_hidden_layers=2))
     with pytest.raises(Exception, match="needs MTP layers"):
@@ -38,7 +38,7 @@ def test_deepseek_v3_with_zero_mtp_layers_is_refused(tmp_path):
 
 
 def test_checkpoint_with_mtp_layers_is_still_accepted(tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     spec = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
     write_tiny_deepseek_v3(tmp_path, spec, with_mtp=True)

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
-from vllm_kimi_ext.testing.draft_scenarios import has_vllm_symbol
+from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from testkit.draft_scenarios import has_vllm_symbol
 
 pytestmark = [
     pytest.mark.vllm,
@@ -24,7 +24,7 @@ pytestmark = [
 
 
 def test_reduced_vocab_head_without_d2t_is_refused_at_load(tiny_kimi_dir, tmp_path, eagle3_config):
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
+    from testkit.vllm_cpu import load_model
 
     draft = tmp_path / "no-d2t"
     write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(draft_vocab_size=300,
@@ -40,7 +40,7 @@ def test_reduced_vocab_head_without_d2t_is_refused_at_load(tiny_kimi_dir, tmp_pa
 def test_d2t_out_of_range_is_refused_at_load(tiny_kimi_dir, tmp_path, eagle3_config):
     from safetensors.torch import load_file, save_file
 
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
+    from testkit.vllm_cpu import load_model
 
     draft = tmp_path / "bad-d2t"
     write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(draft_vocab_size=300))
@@ -64,8 +64,8 @@ def _reduce_vocab(path, rows: int) -> None:
 
 
 def test_dflash_reduced_vocab_without_d2t_is_refused(tiny_kimi_dir, tmp_path):
-    from vllm_kimi_ext.testing.draft_scenarios import write_tiny_dflash
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.draft_scenarios import write_tiny_dflash
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     draft = tmp_path / "dflash"
     write_tiny_dflash(draft)
@@ -79,8 +79,8 @@ def test_dflash_reduced_vocab_without_d2t_is_refused(tiny_kimi_dir, tmp_path):
 def test_dflash_reduced_vocab_with_d2t_loads(tiny_kimi_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from vllm_kimi_ext.testing.draft_scenarios import write_tiny_dflash
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.draft_scenarios import write_tiny_dflash
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     draft = tmp_path / "dflash"
     write_tiny_dflash(draft)

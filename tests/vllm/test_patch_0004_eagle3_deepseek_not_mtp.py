@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
-from vllm_kimi_ext.testing.draft_scenarios import has_vllm_symbol
+from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from testkit.draft_scenarios import has_vllm_symbol
 
 pytestmark = [
     pytest.mark.vllm,
@@ -21,7 +21,7 @@ pytestmark = [
 
 
 def test_deepseek_v3_typed_mla_head_loads_as_eagle3(tiny_kimi_dir, tmp_path, eagle3_config):
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
+    from testkit.vllm_cpu import load_model
 
     draft = tmp_path / "mla-v3"
     write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(style="mla",
@@ -37,7 +37,7 @@ def test_deepseek_v3_typed_mla_head_loads_as_eagle3(tiny_kimi_dir, tmp_path, eag
 def test_plain_deepseek_v3_arch_as_eagle3_is_refused_with_reason(tiny_kimi_dir, tmp_path):
     import json
 
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     draft = tmp_path / "mla-plain"
     write_tiny_eagle3(draft, TinyKimiSpec(), TinyEagle3Spec(style="mla",

@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, mtp_layer_tensors, write_tiny_kimi_k25
-from vllm_kimi_ext.testing.draft_scenarios import has_vllm_symbol
+from testkit.checkpoints import TinyKimiSpec, mtp_layer_tensors, write_tiny_kimi_k25
+from testkit.draft_scenarios import has_vllm_symbol
 
 pytestmark = [
     pytest.mark.vllm,
@@ -27,13 +27,13 @@ MTP_SPEC = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
 
 
 def _mtp_forward(model, cfg, spec):
-    from vllm_kimi_ext.testing.vllm_cpu import check_mtp_forward
+    from testkit.vllm_cpu import check_mtp_forward
 
     check_mtp_forward(model, cfg, spec.hidden_size, spec.vocab_size)
 
 
 def test_kimi_k25_mtp_inside_target_checkpoint(tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import (
+    from testkit.vllm_cpu import (
         load_checked_kimi_mtp,
         load_model,
         make_vllm_config,
@@ -59,7 +59,7 @@ def test_kimi_k25_mtp_from_separate_directory(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     target = tmp_path / "target"
     write_tiny_kimi_k25(target, MTP_SPEC)
@@ -86,7 +86,7 @@ def test_kimi_k25_mtp_bad_tensor_is_named(tmp_path, fault):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     write_tiny_kimi_k25(tmp_path, MTP_SPEC, with_mtp=True)
     tensors = load_file(tmp_path / "model.safetensors")
@@ -107,7 +107,7 @@ def test_kimi_k25_mtp_bad_tensor_is_named(tmp_path, fault):
 
 
 def test_kimi_k25_without_mtp_layers_is_still_refused(tiny_kimi_dir):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     with pytest.raises(Exception, match="needs MTP layers.*num_nextn_predict_layers=0"):
         make_vllm_config(tiny_kimi_dir, speculative_config={

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.draft_scenarios import has_unsharded_draft_patch
+from testkit.draft_scenarios import has_unsharded_draft_patch
 
 pytestmark = [
     pytest.mark.vllm,

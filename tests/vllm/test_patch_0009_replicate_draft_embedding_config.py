@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.draft_scenarios import has_replicated_embedding_patch
+from testkit.draft_scenarios import has_replicated_embedding_patch
 
 pytestmark = [
     pytest.mark.vllm,

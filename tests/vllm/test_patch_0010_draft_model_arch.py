@@ -15,14 +15,14 @@ import dataclasses
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, write_tiny_deepseek_v3
+from testkit.checkpoints import TinyKimiSpec, write_tiny_deepseek_v3
 
 pytestmark = pytest.mark.vllm
 
 
 def test_deepseek_v3_lm_as_draft_model_loads_as_itself(tiny_kimi_dir, tmp_path):
-    from vllm_kimi_ext.testing.tli_scenarios import load_speculator
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config, run_forward
+    from testkit.tli_scenarios import load_speculator
+    from testkit.vllm_cpu import make_vllm_config, run_forward
 
     spec = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
     write_tiny_deepseek_v3(tmp_path, spec)  # num_nextn_predict_layers = 0, same vocab
@@ -44,7 +44,7 @@ def test_deepseek_v3_lm_as_draft_model_loads_as_itself(tiny_kimi_dir, tmp_path):
 
 
 def test_unconfigured_method_still_detects_mtp_checkpoints(tiny_kimi_dir, tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     spec = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
     write_tiny_deepseek_v3(tmp_path, spec, with_mtp=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.tli_scenarios import (
+from testkit.tli_scenarios import (
     write_retokenized_draft,
     write_tiny_qwen3_draft,
     write_tli_target,
@@ -25,8 +25,8 @@ def dirs(tmp_path_factory):
 
 
 def _cfg(target, spec):
+    from testkit.vllm_cpu import make_vllm_config
     from vllm_kimi_ext import plugin
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
 
     plugin.register_speculative_methods()
     return make_vllm_config(target, tensor_parallel_size=2, speculative_config=spec)

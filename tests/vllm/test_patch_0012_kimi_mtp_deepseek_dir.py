@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import (
+from testkit.checkpoints import (
     TinyKimiSpec,
     mtp_layer_tensors,
     write_tiny_deepseek_v3,
@@ -52,12 +52,12 @@ def _mtp_only_dir(path, model_type: str):
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "kimi_k2"])
 def test_deepseek_typed_mtp_dir_loads_for_kimi_target(target, tmp_path, model_type):
-    from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.vllm_cpu import (
+    from testkit.vllm_cpu import (
         check_mtp_forward,
         load_checked_kimi_mtp,
         make_vllm_config,
     )
+    from vllm_kimi_ext.drafts.doctor import diagnose
 
     mtp_dir = tmp_path / "mtp"
     keep = _mtp_only_dir(mtp_dir, model_type)
@@ -71,7 +71,7 @@ def test_deepseek_typed_mtp_dir_loads_for_kimi_target(target, tmp_path, model_ty
 
 def test_deepseek_target_keeps_deepseek_mtp(tmp_path):
     """Only Kimi-K2.5 targets get KimiK25MTPModel."""
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
 
     write_tiny_deepseek_v3(tmp_path, SPEC, with_mtp=True)
     cfg = make_vllm_config(tmp_path, speculative_config={

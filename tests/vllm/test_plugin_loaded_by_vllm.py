@@ -69,8 +69,8 @@ def test_disabled_plugin_changes_nothing():
 
 _CONFIG_PROBE = """
 import sys
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, write_tiny_eagle3, write_tiny_kimi_k25
-from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+from testkit.checkpoints import TinyEagle3Spec, write_tiny_eagle3, write_tiny_kimi_k25
+from testkit.vllm_cpu import make_vllm_config
 root = sys.argv[1]
 write_tiny_kimi_k25(root + "/target")
 write_tiny_eagle3(root + "/draft", None, TinyEagle3Spec(draft_vocab_size=512, with_d2t=False))
@@ -103,8 +103,8 @@ def test_enabled_plugin_refuses_a_bad_draft_while_vllm_builds_its_config(tmp_pat
 
 _TLI_PROBE = """
 import sys
-from vllm_kimi_ext.testing.tli_scenarios import write_retokenized_draft, write_tli_target
-from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+from testkit.tli_scenarios import write_retokenized_draft, write_tli_target
+from testkit.vllm_cpu import make_vllm_config
 root = sys.argv[1]
 target = write_tli_target(root + "/target")
 draft = write_retokenized_draft(target, root + "/draft")

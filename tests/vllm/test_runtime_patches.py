@@ -150,13 +150,13 @@ def test_sharded_verify_patch_hands_vllms_sample_to_sample_step(monkeypatch):
 
 
 def _runner(params, *, tp_vocab=1000):
-    from vllm_kimi_ext.testing.runner_stand_ins import stand_in_runner
+    from testkit.runner_stand_ins import stand_in_runner
 
     return stand_in_runner(params, vocab=tp_vocab)
 
 
 def _batch(num_reqs, num_draft_tokens=3):
-    from vllm_kimi_ext.testing.runner_stand_ins import stand_in_batch
+    from testkit.runner_stand_ins import stand_in_batch
 
     return stand_in_batch(num_reqs, num_draft_tokens)
 
@@ -197,7 +197,7 @@ def test_patched_sample_runs_stock_and_counts_a_top_p_fallback(tp8, stock_sample
                                                                params, extra, reason):
     """A top-p step that must fall back: vLLM's sample runs with the runner's own
     arguments, the sharded path does not, and the reason is counted once."""
-    from vllm_kimi_ext.testing.runner_stand_ins import stand_in
+    from testkit.runner_stand_ins import stand_in
     from vllm_kimi_ext.verify import vllm_runner
 
     monkeypatch.setattr(vllm_runner, "sharded_sample", _raise)

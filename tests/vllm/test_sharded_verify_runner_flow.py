@@ -28,7 +28,7 @@ V, K = 300, 3
 def torch_helpers(monkeypatch):
     import importlib
 
-    from vllm_kimi_ext.testing.runner_stand_ins import TORCH_HELPERS
+    from testkit.runner_stand_ins import TORCH_HELPERS
 
     for (module, name), fn in TORCH_HELPERS.items():
         monkeypatch.setattr(importlib.import_module(module), name, fn)
@@ -89,7 +89,7 @@ def _case(temps, top_p, probabilistic, seed=0):
 
 
 def _run(case, tp):
-    from vllm_kimi_ext.testing.verify_simulate import run_ranks, shard_columns
+    from testkit.verify_simulate import run_ranks, shard_columns
     from vllm_kimi_ext.verify import VocabShardedVerifier
     from vllm_kimi_ext.verify.vllm_runner import sharded_sample
 

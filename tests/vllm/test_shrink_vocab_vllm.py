@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 
 pytestmark = pytest.mark.vllm
 
@@ -22,7 +22,7 @@ SIZE = 400
 
 @pytest.fixture(scope="module")
 def kimi_tokenizer(tmp_path_factory):
-    from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
+    from testkit.tokenizers import write_kimi_tokenizer
 
     return write_kimi_tokenizer(tmp_path_factory.mktemp("tok"), n_ranks=TARGET.num_ranks)
 
@@ -44,8 +44,8 @@ def test_cli_shrunk_head_loads_in_vllm(tiny_kimi_dir, kimi_tokenizer, tmp_path, 
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
+    from testkit.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.cli import main
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
 
     tok = AutoTokenizer.from_pretrained(str(kimi_tokenizer), trust_remote_code=True)
     assert len(tok) == TARGET.vocab_size

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import (
+from testkit.checkpoints import (
     TinyEagle3Spec,
     TinyKimiSpec,
     write_tiny_deepseek_v3,
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.vllm
 def _forward_and_logits(model, cfg, vocab: int, hidden: int):
     import torch
 
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
+    from testkit.vllm_cpu import compute_logits, run_forward
 
     ids = torch.tensor([1, 5, 7, vocab - 1])
     h = run_forward(model, cfg, ids, torch.arange(4))
@@ -37,7 +37,7 @@ def _forward_and_logits(model, cfg, vocab: int, hidden: int):
 
 
 def test_kimi_k25_real_class_loads_every_parameter(tiny_kimi_dir):
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     spec = TinyKimiSpec()
     cfg = make_vllm_config(tiny_kimi_dir)
@@ -48,7 +48,7 @@ def test_kimi_k25_real_class_loads_every_parameter(tiny_kimi_dir):
     assert report.num_parameters > 0
     # every language-model tensor of the checkpoint was offered to the model
     offered = set(report.checkpoint_tensors)
-    from vllm_kimi_ext.testing.checkpoints import text_tensors
+    from testkit.checkpoints import text_tensors
 
     expected = {n for n, _ in text_tensors(spec, prefix="language_model.")}
     assert expected <= offered, sorted(expected - offered)[:5]
@@ -63,7 +63,7 @@ def test_kimi_k25_real_class_loads_every_parameter(tiny_kimi_dir):
 
 
 def test_deepseek_v3_text_form_loads(tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     spec = TinyKimiSpec(num_hidden_layers=2)
     write_tiny_deepseek_v3(tmp_path, spec)
@@ -78,7 +78,7 @@ def test_missing_tensor_is_detected(tmp_path):
     """The harness cannot pass a checkpoint that lacks a tensor."""
     from safetensors.torch import load_file, save_file
 
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     spec = TinyKimiSpec(num_hidden_layers=2)
     write_tiny_deepseek_v3(tmp_path, spec)
@@ -101,7 +101,7 @@ def test_missing_tensor_is_detected(tmp_path):
 def test_eagle3_heads_load_on_kimi_target(tiny_kimi_dir, tmp_path, style, arch, draft_vocab):
     import torch
 
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.vllm_cpu import load_model, make_vllm_config
 
     target = TinyKimiSpec()
     draft_dir = tmp_path / f"eagle3-{style}"

@@ -24,8 +24,8 @@ import textwrap
 import pytest
 import torch
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec
-from vllm_kimi_ext.testing.tli_scenarios import write_retokenized_draft, write_tli_target
+from testkit.checkpoints import TinyKimiSpec
+from testkit.tli_scenarios import write_retokenized_draft, write_tli_target
 
 pytestmark = pytest.mark.vllm
 
@@ -41,8 +41,8 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(dirs):
-    from vllm_kimi_ext.testing.tli_scenarios import build_tli_speculator
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
+    from testkit.tli_scenarios import build_tli_speculator
+    from testkit.vllm_cpu import load_model
 
     target_dir, draft = dirs
     cfg, spec = build_tli_speculator(target_dir, draft.path)
@@ -55,8 +55,8 @@ def _spec_config(draft_dir, **extra):
 
 
 def test_configures_with_another_vocabulary_where_draft_model_is_refused(dirs):
+    from testkit.vllm_cpu import make_vllm_config
     from vllm_kimi_ext import plugin
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
 
     target_dir, draft = dirs
     plugin.register_speculative_methods()
@@ -86,8 +86,8 @@ def test_configures_with_another_vocabulary_where_draft_model_is_refused(dirs):
     ("remote_tokenizer", "not a local directory"),
 ])
 def test_refusals_happen_at_configuration_with_the_reason(dirs, tmp_path, extra, message):
+    from testkit.vllm_cpu import make_vllm_config
     from vllm_kimi_ext import plugin
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
 
     target_dir, draft = dirs
     plugin.register_speculative_methods()
@@ -103,7 +103,7 @@ def test_refusals_happen_at_configuration_with_the_reason(dirs, tmp_path, extra,
 def test_draft_sees_the_projected_context_and_proposes_target_ids(built):
     from vllm.config import set_current_vllm_config
 
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
+    from testkit.vllm_cpu import compute_logits, run_forward
 
     cfg, spec, target_model = built
     maps = spec.tli_maps
@@ -139,7 +139,7 @@ def test_greedy_agreement_tli_vs_unmapped(built):
     """
     from vllm.config import set_current_vllm_config
 
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
+    from testkit.vllm_cpu import compute_logits, run_forward
 
     cfg, spec, target_model = built
     maps = spec.tli_maps
@@ -170,9 +170,9 @@ def test_verification_with_the_speculators_q_is_lossless(built):
     same proposals against the *unrestricted* draft distribution does not."""
     from vllm.config import set_current_vllm_config
 
+    from testkit.verify_equivalence import chi_square
+    from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.drafts.cross_tokenizer import rejection_step, sample_categorical
-    from vllm_kimi_ext.testing.verify_equivalence import chi_square
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
 
     cfg, spec, target_model = built
     maps = spec.tli_maps
@@ -219,7 +219,7 @@ def test_vllm_gumbel_sampler_draws_the_tli_distribution(dirs, tmp_path):
     target_dir, draft = dirs
     code = textwrap.dedent(f"""
         import json
-        from vllm_kimi_ext.testing.tli_scenarios import gumbel_check
+        from testkit.tli_scenarios import gumbel_check
         print("RESULT" + json.dumps(gumbel_check({str(target_dir)!r}, {str(draft.path)!r})))
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
@@ -248,8 +248,8 @@ def test_short_draft_context_is_warned(dirs, caplog):
     import logging
     import shutil
 
+    from testkit.vllm_cpu import make_vllm_config
     from vllm_kimi_ext import plugin
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
 
     target_dir, draft = dirs
     short = draft.path.parent / "short-draft"

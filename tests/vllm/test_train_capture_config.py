@@ -11,7 +11,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_vllm_builds_the_capture_config_for_kimi(tiny_kimi_dir, tmp_path):
-    from vllm_kimi_ext.testing.vllm_cpu import make_vllm_config
+    from testkit.vllm_cpu import make_vllm_config
     from vllm_kimi_ext.train.capture import vllm_engine_kwargs
 
     ids = [0, 1, 2, 3]  # the tiny target has 3 layers: 3 aux taps + the last layer

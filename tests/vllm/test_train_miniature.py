@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec
+from testkit.checkpoints import TinyKimiSpec
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("speculators", reason="training stack not installed (pip install .[train])")
@@ -23,7 +23,7 @@ def tiny_target(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
+    from testkit.checkpoints import write_tiny_deepseek_v3
     from vllm_kimi_ext.train.bridge import write_target_stub
 
     root = tmp_path_factory.mktemp("train-target")
@@ -73,8 +73,8 @@ def test_miniature_trains_exports_passes_doctor_and_loads_in_vllm(
     import torch
     from safetensors.torch import load_file
 
+    from testkit.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.train.trainer import TrainConfig, train
 
     _, target = tiny_target
@@ -113,8 +113,8 @@ def test_fine_tune_a_public_style_head_with_reduced_vocab(
     import torch
     from safetensors.torch import load_file
 
-    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, write_tiny_eagle3
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
+    from testkit.checkpoints import TinyEagle3Spec, write_tiny_eagle3
+    from testkit.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.train.trainer import TrainConfig, train
 
     _, target = tiny_target

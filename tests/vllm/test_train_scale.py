@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec
+from testkit.checkpoints import TinyKimiSpec
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("speculators", reason="training stack not installed")
@@ -24,7 +24,7 @@ def tiny(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_kimi_ext.testing.checkpoints import write_tiny_deepseek_v3
+    from testkit.checkpoints import write_tiny_deepseek_v3
     from vllm_kimi_ext.train import layout
     from vllm_kimi_ext.train.bridge import write_target_stub
 

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 def _missing() -> list[str]:
     # what the run itself imports and reads (package data located, not imported)
-    from vllm_kimi_ext.train.smallscale import missing_requirements
+    from bench.train_smallscale import missing_requirements
 
     return missing_requirements()
 
@@ -27,9 +27,9 @@ if _missing():
 def test_small_scale_chain(tmp_path):
     import json
 
+    from bench.train_smallscale import Sizes, run
+    from testkit.vllm_cpu import load_model, make_vllm_config
     from vllm_kimi_ext.drafts.doctor import diagnose
-    from vllm_kimi_ext.testing.vllm_cpu import load_model, make_vllm_config
-    from vllm_kimi_ext.train.smallscale import Sizes, run
 
     sizes = Sizes(generic=4, traffic_gsm8k=3, traffic_humaneval=3, heldout=2, max_tokens=24,
                   draft_vocab=4096, generic_epochs=3, traffic_epochs=3, max_len=128)

@@ -4,7 +4,8 @@ All tensor-parallel communication in vLLM goes through the methods of
 ``vllm.distributed.parallel_state.GroupCoordinator`` (``tensor_model_parallel_*``
 in ``communication_op.py`` are thin wrappers over ``get_tp_group().<op>``).
 :class:`CollectiveCounter` wraps those methods with a runtime patch
-(``runtime/group_coordinator.py``, installed by the first ``start()``) and records,
+(``runtime/group_coordinator.py``, installed by the first ``start()`` through the
+installer ``vllm_kimi_ext.runtime`` registers on import) and records,
 for every call that really communicates (``world_size > 1``; vLLM bypasses a
 1-rank group without communicating, and so do we), the group, the operation,
 the phase label in force and the payload bytes this rank contributes
@@ -29,7 +30,7 @@ import functools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger("vllm_kimi_ext.comm")
@@ -156,11 +157,6 @@ class CollectiveCounter:
             nbytes[key] += c.nbytes
         return {k: (calls[k], nbytes[k]) for k in sorted(calls)}
 
-    def format_summary(self) -> str:
-        rows = [f"{g:>4} {p:<8} {o:<22} {n:>6} calls {b:>12,d} B"
-                for (g, p, o), (n, b) in self.summary().items()]
-        return "\n".join(rows) if rows else "(no collectives)"
-
     def clear(self) -> None:
         self.calls.clear()
 
@@ -201,11 +197,26 @@ def counted_call(group: Any, op: str, original: Any, args: tuple, kwargs: dict) 
         _nesting.depth -= 1
 
 
-def _install_group_patch() -> None:
-    """The wrappers are inert while no counter is active, so the patch stays installed."""
-    from vllm_kimi_ext import runtime
+#: Installs the ``GroupCoordinator`` runtime patch that feeds :func:`counted_call`.
+#: ``vllm_kimi_ext.runtime`` registers it when imported (runtime depends on this module,
+#: never the reverse).
+_group_patch_installer: Callable[[], object] | None = None
 
-    runtime.install(runtime.GROUP_COUNTING)
+
+def register_group_patch_installer(install: Callable[[], object]) -> None:
+    """Called by ``vllm_kimi_ext.runtime`` at import: how :meth:`CollectiveCounter.start`
+    gets vLLM's collectives wrapped."""
+    global _group_patch_installer
+    _group_patch_installer = install
+
+
+def _install_group_patch() -> None:
+    """The wrappers are inert while no counter is active, so the patch stays installed.
+    Fails closed: a counter with no patch to feed it would count nothing."""
+    if _group_patch_installer is None:
+        raise RuntimeError("CollectiveCounter.start(): no GroupCoordinator counting patch is "
+                           "registered; import vllm_kimi_ext.runtime first (the plugin does)")
+    _group_patch_installer()
 
 
 class StepReporter:

@@ -314,13 +314,6 @@ class HardwareProfile:
     assumptions: tuple[str, ...] = ()
     raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
 
-    @property
-    def calibration_context(self) -> int:
-        return int(self.calibration.get("context_tokens", 1024))
-
-    def backend_is_stock(self, backend: str) -> bool:
-        return bool(self.backends.get(backend, {}).get("stock", False))
-
     def with_overrides(self, **changes: Any) -> HardwareProfile:
         """A copy with some fields replaced (what-if studies and tests)."""
         return dataclasses.replace(self, **changes)

@@ -119,19 +119,6 @@ class LatencyTable:
             raise ValueError("latency scale must be positive")
         return dataclasses.replace(self, scale=self.scale * factor)
 
-    def with_curve(self, backend: str, op: str, curve: Curve, description: str = "",
-                   auto_crossover: bool = False) -> LatencyTable:
-        """A copy with one curve added or replaced (what-if studies)."""
-        curves = {b: dict(ops) for b, ops in self.curves.items()}
-        curves.setdefault(backend, {})[op] = curve
-        auto = set(self.auto_crossover) | ({backend} if auto_crossover else set())
-        return dataclasses.replace(
-            self, curves=curves, max_bytes={**self.max_bytes, backend: None}
-            if backend not in self.max_bytes else self.max_bytes,
-            descriptions={**self.descriptions, backend: description
-                          or self.descriptions.get(backend, "")},
-            auto_crossover=frozenset(auto))
-
     def with_policy(self, backend: str, max_bytes: float | None, auto_crossover: bool
                     ) -> LatencyTable:
         """A copy where ``backend`` is used up to ``max_bytes`` (NCCL above), choosing by

@@ -396,9 +396,6 @@ class CostModel:
                             n_tokens: int = 1) -> float:
         return draft_cost.forward_bytes(self, draft, placement, vocab, n_tokens)
 
-    def draft_forwards(self, draft: DraftProfile, k: int, batch: int) -> list[float]:
-        return draft_cost.forwards(draft, k, batch)
-
     def draft_step(self, draft: DraftProfile, k: int, batch: int, context: int,
                    placement: str, vocab: str, backend: str) -> list[Term]:
         return draft_cost.step_terms(self, draft, k, batch, context, placement, vocab, backend)

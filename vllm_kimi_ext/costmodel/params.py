@@ -87,13 +87,6 @@ class CalibParams:
         """Every parameter within :data:`BOUNDS`."""
         return all(lo <= getattr(self, n) <= hi for n, (lo, hi) in BOUNDS.items())
 
-    def vector(self) -> list[float]:
-        return [float(getattr(self, n)) for n in FITTED]
-
-    @classmethod
-    def from_vector(cls, x, **extra: Any) -> CalibParams:
-        return cls(**{n: float(v) for n, v in zip(FITTED, x)}, **extra)
-
     def to_dict(self) -> dict[str, Any]:
         return {n: getattr(self, n) for n in FITTED}
 

@@ -115,12 +115,6 @@ def recommend(
 # ---------------------------------------------------------------------------------------------
 
 
-def same_config(a: Plan, b: Plan) -> bool:
-    return (a.k, a.placement, a.vocab, a.verifier, a.backend) == \
-        (b.k, b.placement, b.vocab, b.verifier, b.backend) and \
-        (a.draft.name if a.draft else None) == (b.draft.name if b.draft else None)
-
-
 @dataclasses.dataclass(frozen=True)
 class BandRecommendation:
     """One configuration judged in every acceptance scenario."""

@@ -28,7 +28,7 @@ from vllm_kimi_ext.costmodel.acceptance import (
     from_draft_profile,
 )
 from vllm_kimi_ext.costmodel.calibration import ERROR_BOUND, SPLITS, validate
-from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
+from vllm_kimi_ext.costmodel.catalog import list_profiles, load_draft
 from vllm_kimi_ext.costmodel.headline import headline, headline_markdown
 from vllm_kimi_ext.costmodel.latency import load_latency_table
 from vllm_kimi_ext.costmodel.model import CostModel, StepEstimate
@@ -64,18 +64,6 @@ PARAM_MEANING = {
 def _markers(block: str) -> tuple[str, str]:
     return (f"<!-- BEGIN GENERATED: {block} (python -m vllm_kimi_ext.costmodel.report "
             f"--write-docs docs/) -->", f"<!-- END GENERATED: {block} -->")
-
-
-def drafts_with_acceptance(names: list[str] | None = None,
-                           dataset: str | None = None) -> list[tuple[DraftProfile, Acceptance]]:
-    """Drafts paired with their card acceptance (drafts without one are skipped)."""
-    out = []
-    for name in names or list_profiles("drafts"):
-        d = load_draft(name)
-        acc = from_draft_profile(d.acceptance, dataset if dataset in d.datasets() else None)
-        if acc is not None:
-            out.append((d, acc))
-    return out
 
 
 def _numeric(cell: str) -> bool:

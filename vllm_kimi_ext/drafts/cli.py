@@ -116,9 +116,7 @@ def _register_draft(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="draft_command", metavar="DRAFT_COMMAND")
     _register_shrink_vocab(sub)
     _register_tli_check(sub)
-    from vllm_kimi_ext.train.cli import register_draft_subcommands  # regenerate ... bill
-
-    register_draft_subcommands(sub)
+    # draft regenerate ... bill: vllm_kimi_ext.cli adds them (train depends on drafts)
 
     def needs_a_command(args: argparse.Namespace) -> int:
         raise UsageError(f"a DRAFT_COMMAND is required ({', '.join(sub.choices)})",

@@ -11,7 +11,9 @@ patches is installed or listed.
 :data:`FEATURES` says which flag installs which patches (``flag=None``: always,
 while the plugin is on). :func:`install` is the only caller of ``Patch.apply``
 in the product: :func:`apply_all` (the plugin) and
-``CollectiveCounter.start`` (which needs :data:`GROUP_COUNTING`) go through it.
+``CollectiveCounter.start`` (which needs :data:`GROUP_COUNTING`; this package registers
+the installer with ``comm.accounting`` on import, so comm never imports runtime) go
+through it.
 
 Attribute ownership: the helper refuses a second class on an attribute that is
 already patched (``PatchConflictError``), so every (target, attribute) belongs
@@ -33,6 +35,7 @@ import sys
 from pathlib import Path
 
 from vllm_kimi_ext import envs
+from vllm_kimi_ext.comm import accounting
 from vllm_kimi_ext.patching import Patch
 
 #: the GroupCoordinator patch every CollectiveCounter needs
@@ -138,17 +141,18 @@ def apply_all() -> list[str]:
     applied = install(*selected())
     every = envs.COUNT_COLLECTIVES.get()
     if every:
-        from vllm_kimi_ext.comm import accounting
-
         accounting.start_live_counting(every)
     return applied
 
 
 def revert_all() -> list[str]:
     """Undo :func:`apply_all` (and any :func:`install`); returns the names reverted."""
-    from vllm_kimi_ext.comm import accounting
-
     accounting.stop_live_counting()
     refs = [r for f in FEATURES for r in f.patches
             if f"{__name__}.{r.partition(':')[0]}" in sys.modules]  # never imported: not applied
     return [cls.__name__ for cls in map(resolve, reversed(refs)) if cls.revert()]
+
+
+# CollectiveCounter.start() (comm, which must not import this package) installs the
+# GroupCoordinator counting patch through this.
+accounting.register_group_patch_installer(lambda: install(GROUP_COUNTING))

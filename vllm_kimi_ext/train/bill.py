@@ -23,7 +23,9 @@ from pathlib import Path
 
 from vllm_kimi_ext.facts import target_dims
 
+from . import settings
 from .layout import DataError
+from .settings import TrainConfig
 
 # --- documented constants ---------------------------------------------------------------
 
@@ -79,7 +81,8 @@ def hidden_bytes_per_token(hidden: int = KIMI_HIDDEN, num_aux: int = 3, last: bo
     return (num_aux + (1 if last else 0)) * hidden * dtype_bytes + token_id_bytes
 
 
-def draft_train_flops_per_token(head: dict = LIGHTSEEK_HEAD, ttt_steps: int = 3) -> float:
+def draft_train_flops_per_token(head: dict = LIGHTSEEK_HEAD,
+                                ttt_steps: int = TrainConfig.ttt_steps) -> float:
     """Training FLOPs per token: per depth, the head's forward (fc, attention
     projections with a 2x-wide input, MLP, lm_head) times 3 for forward + backward of
     the trained weights, the frozen lm_head's forward + input gradient (2x), plus one
@@ -165,10 +168,10 @@ def compute_bill(
     box_gpu_tflops: float = 500.0,
     online: bool = False,
     staging_samples: int = 1024,
-    ttt_steps: int = 3,
+    ttt_steps: int = TrainConfig.ttt_steps,
     head: dict = LIGHTSEEK_HEAD,
     measured_train_tokens_per_s: float | None = None,
-    epochs: float = 1.0,
+    epochs: float = TrainConfig.epochs,
     sources: dict | None = None,
 ) -> Bill:
     """The bill for ``traffic``; GPU-hours are RTX-PRO-6000-class GPU hours
@@ -194,7 +197,7 @@ def compute_bill(
 
 
 def fine_tune_vs_switch(tau_now: float, tau_after: float, tau_alt: float, box_hours: float,
-                        alt_step_cost: float = 1.0) -> dict:
+                        alt_step_cost: float = settings.Bill.alt_step_cost) -> dict:
     """Steady-state speed of fine-tuning the current draft vs switching to another one,
     relative to today (throughput is proportional to tau / step time; the fine-tuned
     draft keeps today's step time, the other draft's step time is ``alt_step_cost``

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .layout import DataError
+from .settings import TrainConfig
 
 #: Keys the speculators model holds but a served head does not need.
 _NOT_EXPORTED = ("verifier_lm_head.", "verifier_norm.")
@@ -176,7 +177,8 @@ def vocab_maps_from_ids(kept_ids, vocab_size: int):
 
 def build_draft(target_dir: str | Path, aux_layer_ids: list[int], *,
                 init: str | Path | None = None, t2d=None, d2t=None,
-                options: DraftOptions | None = None, ttt_steps: int = 3):
+                options: DraftOptions | None = None,
+                ttt_steps: int = TrainConfig.ttt_steps):
     """A speculators ``Eagle3DraftModel`` for ``target_dir`` (fresh, or ``init``'s weights)."""
     require_speculators()
     import torch

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from . import layout
 from .layout import DataError, Sample
+from .settings import Capture
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Per-shard overhead: safetensors header and the int64 token ids are counted apart.
@@ -57,13 +58,13 @@ def check_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[in
     return ids
 
 
-def bytes_per_token(num_layers: int, hidden_size: int, dtype: str = "bfloat16") -> int:
+def bytes_per_token(num_layers: int, hidden_size: int, dtype: str = Capture.dtype) -> int:
     """Shard bytes per token: the hidden states plus one int64 token id."""
     return num_layers * hidden_size * DTYPE_BYTES[dtype] + 8
 
 
 def estimate_disk(samples: Sequence[Sample], num_layers: int, hidden_size: int,
-                  dtype: str = "bfloat16") -> int:
+                  dtype: str = Capture.dtype) -> int:
     tokens = sum(s.num_tokens for s in samples)
     return tokens * bytes_per_token(num_layers, hidden_size, dtype) + \
         len(samples) * SHARD_HEADER_BYTES
@@ -101,8 +102,8 @@ def capture(
     backend: Backend,
     *,
     layer_ids: Sequence[int] | None = None,
-    dtype: str = "bfloat16",
-    batch_size: int = 8,
+    dtype: str = Capture.dtype,
+    batch_size: int = Capture.batch_size,
     progress: bool | None = None,
     check_free_space: bool = True,
     shard: tuple[int, int] = (0, 1),
@@ -237,7 +238,8 @@ class TransformersCapture:
 
 
 def vllm_engine_kwargs(target: str, layer_ids: Sequence[int], staging_dir: str | Path, *,
-                       tensor_parallel_size: int = 8, max_model_len: int | None = None,
+                       tensor_parallel_size: int = Capture.tensor_parallel_size,
+                       max_model_len: int | None = None,
                        **extra) -> dict:
     """``vllm.LLM`` / ``EngineArgs`` keyword arguments that make vLLM 0.34.0 write the
     given layers' hidden states of every request to ``staging_dir`` (prompt tokens only:

@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from vllm_kimi_ext.train import settings
+from vllm_kimi_ext.train.settings import add_flags, from_args
 from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError
 
 
@@ -84,21 +86,16 @@ def _register_regenerate(sub) -> None:
                         "http://localhost:8000/v1")
     p.add_argument("--model", default=None, help="served model name (default: the server's)")
     p.add_argument("--api-key", default="EMPTY")
-    p.add_argument("--concurrency", type=int, default=32)
     _add_hf_model(p)
-    p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    add_flags(p, settings.Sampling)
     p.add_argument("--chat-template-kwargs", type=_json_arg, default=None,
                    help='JSON passed to the chat template, e.g. \'{"thinking": true}\'')
-    p.add_argument("--batch-size", type=int, default=64, help="requests in flight per batch")
+    add_flags(p, settings.Regeneration)
     p.set_defaults(func=run_regenerate)
 
 
 def run_regenerate(args) -> int:
     from .regenerate import (
-        Sampling,
         ServerGenerator,
         TransformersGenerator,
         load_conversations,
@@ -108,7 +105,7 @@ def run_regenerate(args) -> int:
     if bool(args.server) == bool(args.hf_model):
         raise UsageError("give exactly one of --server, --hf-model", field="--server",
                          expected="exactly one of --server, --hf-model")
-    sampling = Sampling(args.max_tokens, args.temperature, args.top_p, args.seed)
+    sampling = from_args(settings.Sampling, args)
     convs = load_conversations(args.prompts, field=args.field,
                                first_turn_only=args.first_turn_only, limit=args.limit)
     if args.server:
@@ -133,7 +130,7 @@ def _register_capture(sub) -> None:
                     "transformers on CPU). Prints the disk needed first; resumes.")
     p.add_argument("--data", required=True)
     p.add_argument("--vllm-target", default=None, help="target checkpoint served by vLLM")
-    p.add_argument("--tensor-parallel-size", type=int, default=8)
+    add_flags(p, settings.Capture, only=("tensor_parallel_size",))
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--staging", default=None,
                    help="where vLLM's connector writes first (default DATA/.staging; a "
@@ -142,8 +139,7 @@ def _register_capture(sub) -> None:
     p.add_argument("--layer-ids", type=int, nargs="+", default=None,
                    help="ascending layer ids, the last = the target's layer count "
                         "(default: 2, L//2, L-3, L)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--batch-size", type=int, default=64)
+    add_flags(p, settings.Capture, only=("dtype", "batch_size"))
     p.add_argument("--no-space-check", action="store_true")
     p.add_argument("--speculators-dataset", action="store_true",
                    help="also write the Arrow dataset `speculators train --data-path DATA` "
@@ -222,47 +218,19 @@ def _register_train(sub) -> None:
     p.add_argument("--draft-layer", type=_json_arg, default=None,
                    help='Llama layer fields of a fresh head, e.g. \'{"head_dim": 128, '
                         '"num_key_value_heads": 8, "intermediate_size": 12288}\'')
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-len", type=int, default=2048, help="tokens packed per step")
-    p.add_argument("--prompt-context", type=int, default=None,
-                   help="train on at most the last N prompt tokens of each sample")
-    p.add_argument("--ttt-steps", type=int, default=3, help="draft depths trained (k)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--holdout-every", type=int, default=0,
-                   help="leave out the samples whose prompt hash is 0 mod N (for draft eval)")
+    add_flags(p, settings.TrainConfig)
+    add_flags(p, settings.Holdout)
     _add_train_scale_flags(p)
     p.set_defaults(func=run_train)
 
 
 def _add_train_scale_flags(p: argparse.ArgumentParser) -> None:
-    """Checkpoints, resume, validation, data loading: the flags of a long run."""
-    from vllm_kimi_ext.user_input import bounded_float, bounded_int
-
-    # a documented thinking-mode sample (8192 response tokens + prompt) fits whole
-    p.set_defaults(max_len=16384)
-    g = p.add_argument_group(
-        "long runs", "checkpoints, resume and validation; several GPUs: launch with "
-        "`torchrun --nproc-per-node N $(which vllm-kimi-ext) draft train ...` (data parallel)")
-    g.add_argument("--checkpoint-every", type=bounded_int(1, what="a step count"),
-                   default=None, metavar="N", help="write a checkpoint every N steps")
-    g.add_argument("--checkpoint-dir", default=None,
-                   help="where checkpoints go (default: OUT.checkpoints beside --out)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint (same settings; exact "
-                        "continuation); starts from the beginning if there is none")
-    g.add_argument("--val-fraction", type=bounded_float(0.0, 0.5, what="a fraction"),
-                   default=0.0,
-                   help="share of conversations held out for validation; the exported "
-                        "head is the one with the lowest validation loss")
-    g.add_argument("--val-every", type=bounded_int(1, what="a step count"), default=None,
-                   metavar="N", help="validate every N steps (default: once per epoch)")
-    g.add_argument("--patience", type=bounded_int(1, what="a count"), default=None,
-                   help="stop after this many validations without improvement")
-    g.add_argument("--loader-workers", type=bounded_int(0, 64, what="a worker count"),
-                   default=None, help="DataLoader workers (default: 2 on CUDA, 0 on CPU)")
+    """``--resume`` (the long-run settings themselves are generated from TrainConfig)."""
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir (same "
+                        "settings; exact continuation); starts from the beginning if there is "
+                        "none. Several GPUs: `torchrun --nproc-per-node N $(which "
+                        "vllm-kimi-ext) draft train ...` (data parallel)")
 
 
 def _check_train_scale_flags(args) -> None:
@@ -282,16 +250,10 @@ def _check_train_scale_flags(args) -> None:
 def run_train(args) -> int:
     from . import layout
     from .bridge import DraftOptions
-    from .trainer import TrainConfig, train
+    from .trainer import train
 
     _check_train_scale_flags(args)
-    cfg = TrainConfig(epochs=args.epochs, max_steps=args.max_steps, lr=args.lr,
-                      max_len=args.max_len, prompt_context=args.prompt_context,
-                      ttt_steps=args.ttt_steps, seed=args.seed,
-                      device=args.device, checkpoint_every=args.checkpoint_every,
-                      checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                      val_fraction=args.val_fraction, val_every=args.val_every,
-                      patience=args.patience, loader_workers=args.loader_workers)
+    cfg = from_args(settings.TrainConfig, args, resume=args.resume)
     held = holdout_hashes(layout.read_samples(args.data, tokens=False), args.holdout_every)
     result = train(args.data, args.target, args.out, init=args.init,
                    draft_vocab_size=args.draft_vocab_size,
@@ -314,32 +276,11 @@ def _register_eval(sub) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--draft", action="append", required=True, help="draft directory; repeatable")
-    p.add_argument("-k", type=int, default=3)
-    p.add_argument("--holdout-every", type=int, default=0)
+    add_flags(p, settings.Evaluation)
+    add_flags(p, settings.Holdout)
     p.add_argument("--split", choices=("heldout", "train", "all"), default="all")
     p.add_argument("--json", action="store_true")
-    _add_eval_scale_flags(p)
     p.set_defaults(func=run_eval)
-
-
-def _add_eval_scale_flags(p: argparse.ArgumentParser) -> None:
-    from vllm_kimi_ext.user_input import bounded_int
-
-    p.add_argument("--max-len", type=bounded_int(2, what="a token count"), default=16384,
-                   help="tokens of each sample evaluated; longer samples are cut, warned "
-                        "and counted (default fits 8192 response tokens + an 8192-token "
-                        "prompt)")
-    p.add_argument("--device", type=_device_arg, default=None,
-                   help="cpu, cuda or cuda:N; default: cuda (bf16) if available, else cpu "
-                        "(fp32)")
-
-
-def _device_arg(text: str) -> str:
-    import re
-
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    return text
 
 
 def _warn_eval_cut(results: dict, max_len: int) -> None:
@@ -389,21 +330,17 @@ def _register_bill(sub) -> None:
     p.add_argument("--response-tokens", type=float, default=None)
     p.add_argument("--measured", default=None, help="a pilot's data directory")
     p.add_argument("--measured-train", default=None, help="a pilot's training.json")
-    p.add_argument("--hardware", default="rtx-pro-6000-pcie-x8")
-    p.add_argument("--decode-batch", type=int, default=64)
-    p.add_argument("--context", type=int, default=4096)
+    add_flags(p, settings.Bill, only=("hardware", "decode_batch", "context"))
     p.add_argument("--decode-tok-s", type=float, default=None)
     p.add_argument("--prefill-tok-s", type=float, default=None)
     p.add_argument("--online", action="store_true",
                    help="hidden states streamed to the trainer (disk: a staging window only)")
-    p.add_argument("--ttt-steps", type=int, default=3)
-    p.add_argument("--epochs", type=float, default=1.0)
+    add_flags(p, settings.TrainConfig, only=("ttt_steps", "epochs"))
     p.add_argument("--tau-now", type=float, default=None,
                    help="tau of today's draft on your traffic (draft eval / serving logs)")
     p.add_argument("--tau-after", type=float, default=None, help="expected tau after fine-tuning")
     p.add_argument("--tau-alt", type=float, default=None, help="tau of the other public draft")
-    p.add_argument("--alt-step-cost", type=float, default=1.0,
-                   help="the other draft's step time / today's")
+    add_flags(p, settings.Bill, only=("alt_step_cost",))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_bill)
 
@@ -424,10 +361,10 @@ def run_bill(args) -> int:
                args.prompt_tokens else "given / assumed"}
     decode = args.decode_tok_s or measured.get("decode_tokens_per_s")
     prefill = args.prefill_tok_s or measured.get("prefill_tokens_per_s")
-    box_tflops, gpus = 500.0, 8
+    box_kw = {}  # compute_bill's own box unless the hardware profile is read
     if decode is None or prefill is None:
         box = b.box_rates(args.hardware, args.decode_batch, args.context)
-        box_tflops, gpus = box["gpu_tflops"], box["gpus"]
+        box_kw = {"box_gpu_tflops": box["gpu_tflops"], "box_gpus": box["gpus"]}
         if decode is None:
             decode = box["decode_tokens_per_s"]
             sources["decode"] = f"{box['source']}, batch {args.decode_batch}, no speculation"
@@ -439,7 +376,7 @@ def run_bill(args) -> int:
                                   f"{b.KIMI_ACTIVE_PARAMS:.0e} active params)")
     result = b.compute_bill(traffic, decode_tokens_per_s=decode, prefill_tokens_per_s=prefill,
                             online=args.online, ttt_steps=args.ttt_steps, epochs=args.epochs,
-                            box_gpu_tflops=box_tflops, box_gpus=gpus,
+                            **box_kw,
                             measured_train_tokens_per_s=measured.get("train_tokens_per_s"),
                             sources=sources)
     cmp = None

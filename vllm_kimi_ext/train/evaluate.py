@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import bridge, layout, trainer
 from .layout import DataError, Sample
+from .settings import Evaluation
 
 
 @dataclasses.dataclass
@@ -183,8 +184,8 @@ def evaluate(
     draft: str | Path | object,
     *,
     samples: Sequence[Sample] | None = None,
-    k: int = 3,
-    max_len: int = 16384,
+    k: int = Evaluation.k,
+    max_len: int = Evaluation.max_len,
     progress: bool | None = None,
     device: str | None = None,
 ) -> dict[str, dict]:
@@ -252,7 +253,7 @@ def evaluate(
     return rows
 
 
-def format_table(results: dict[str, dict[str, dict]], k: int = 3) -> str:
+def format_table(results: dict[str, dict[str, dict]], k: int = Evaluation.k) -> str:
     """Markdown: one row per (draft, source)."""
     head = ("| draft | prompts | chains | " + " | ".join(f"α{j + 1}" for j in range(k)) +
             f" | τ probabilistic draft (k={k}, T=1) | τ greedy draft (T=1, vLLM default) "

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from . import layout
 from .layout import DataError, Sample, prompt_hash
+from .settings import Regeneration, Sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,14 +42,6 @@ class Conversation:
 
     source: str
     turns: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    max_tokens: int = 2048
-    temperature: float = 1.0
-    top_p: float = 0.95
-    seed: int = 0
 
 
 @dataclasses.dataclass
@@ -189,7 +182,7 @@ def regenerate(
     generator: Generator,
     *,
     chat_template_kwargs: dict | None = None,
-    batch_size: int = 16,
+    batch_size: int = Regeneration.batch_size,
     progress: bool | None = None,
     log=print,
 ) -> dict:
@@ -310,7 +303,7 @@ class ServerGenerator:
 
     def __init__(self, base_url: str, sampling: Sampling, *, model: str | None = None,
                  chat_template_kwargs: dict | None = None, api_key: str = "EMPTY",
-                 timeout: float = 3600.0, concurrency: int = 16,
+                 timeout: float = 3600.0, concurrency: int = Regeneration.concurrency,
                  post: Callable[[str, dict], dict] | None = None):
         self.base_url = base_url.rstrip("/")
         self.sampling = sampling

@@ -25,34 +25,11 @@ from pathlib import Path
 
 from . import bridge, layout, runstate
 from .layout import DataError, Sample
+from .settings import TrainConfig
 
 #: Keys of a collated batch the speculators model's forward takes.
 _MODEL_INPUTS = ("hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask",
                  "position_ids", "document_ids")
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    epochs: float = 1.0
-    max_steps: int | None = None
-    lr: float = 1e-3  # speculators' default AdamW learning rate
-    warmup_ratio: float = 0.05
-    #: tokens packed per step and rank; longer samples are cut (warned, counted in
-    #: training.json). The default holds a documented thinking-mode sample: 8192
-    #: response tokens plus a prompt of up to 8192.
-    max_len: int = 16384
-    prompt_context: int | None = None  # keep at most this many prompt tokens per sample
-    ttt_steps: int = 3
-    seed: int = 0
-    device: str | None = None
-    log_every: int = 10
-    checkpoint_every: int | None = None  # steps; None: no checkpoints
-    checkpoint_dir: str | None = None  # default: OUT.checkpoints beside --out
-    resume: bool = False
-    val_fraction: float = 0.0  # share of conversations held out for validation
-    val_every: int | None = None  # steps between validations (default: one epoch)
-    patience: int | None = None  # validations without improvement before stopping
-    loader_workers: int | None = None  # DataLoader workers (default: 2 on CUDA, 0 on CPU)
 
 
 @dataclasses.dataclass
@@ -134,7 +111,7 @@ def make_sampler(dataset, max_len: int, seed: int, ranks=None):
 
 
 def make_loader(dataset, *, max_len: int, hidden_size: int, num_aux: int, dtype,
-                seed: int = 0, batch_sampler=None, workers: int = 0):
+                seed: int = TrainConfig.seed, batch_sampler=None, workers: int = 0):
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
     from torch.utils.data import DataLoader

@@ -346,7 +346,7 @@ def _decide_kernel(
 
 #: Triton's CPU interpreter (TRITON_INTERPRET=1) patches ``triton.language`` globally for the
 #: duration of a launch, so two threads launching at once (the threaded TP simulation in
-#: ``vllm_kimi_ext.testing.verify_simulate``) break each other. Launches are serialised; the
+#: ``testkit.verify_simulate``) break each other. Launches are serialised; the
 #: uncontended lock costs nanoseconds on a GPU, where each rank is its own process anyway.
 _LAUNCH_LOCK = threading.Lock()
 

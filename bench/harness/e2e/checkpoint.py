@@ -22,12 +22,12 @@ def write_tiny_assets(directory: str | Path) -> dict[str, str]:
     The text form is used because vLLM's ``KimiK25ForConditionalGeneration`` also needs a
     vision preprocessor config to serve; the language model and its collectives are the
     same."""
-    from vllm_kimi_ext.testing.checkpoints import (
+    from testkit.checkpoints import (
         TinyKimiSpec,
         write_tiny_deepseek_v3,
         write_tiny_eagle3,
     )
-    from vllm_kimi_ext.testing.tokenizers import write_kimi_tokenizer
+    from testkit.tokenizers import write_kimi_tokenizer
 
     paths = tiny_asset_paths(directory)
     spec = TinyKimiSpec()

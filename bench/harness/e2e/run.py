@@ -46,7 +46,7 @@ from bench.harness.e2e.report import e2e_markdown
 from bench.harness.e2e.server import Server, probe_software, served_model_id
 from bench.harness.prompts import load_prompts
 from bench.harness.schema import E2E_SCHEMA
-from vllm_kimi_ext.testing.distributed import free_port  # stdlib only
+from testkit.distributed import free_port  # stdlib only
 
 #: Seconds to wait after a level before the final metrics scrape.
 SETTLE_S = 1.0

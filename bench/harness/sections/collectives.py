@@ -29,8 +29,8 @@ def _draft_cases(ckpt: Path, quick: bool) -> tuple[list, dict[str, str], list[tu
         return [], {}, [("draft passes", why)]
     if quick:
         return [], {}, [("draft passes", "--quick")]
-    from vllm_kimi_ext.testing import draft_scenarios as ds
-    from vllm_kimi_ext.testing.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+    from testkit import draft_scenarios as ds
+    from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
 
     target = TinyKimiSpec()
     cases, placements, skipped = [], {}, []
@@ -61,8 +61,8 @@ def _draft_cases(ckpt: Path, quick: bool) -> tuple[list, dict[str, str], list[tu
 
 
 def run_collectives(ctx: Context) -> Outcome:
-    from vllm_kimi_ext.testing.checkpoints import write_tiny_kimi_k25
-    from vllm_kimi_ext.testing.distributed import RankFailed, run_tp
+    from testkit.checkpoints import write_tiny_kimi_k25
+    from testkit.distributed import RankFailed, run_tp
 
     ckpt = Path(tempfile.mkdtemp(prefix="bench-collectives-"))
     try:

@@ -2,8 +2,8 @@
 Kimi-shaped checkpoints (``run_all`` section ``collectives``).
 
 One ``run_tp`` launch runs :func:`bench_rank` on every rank: the target pass of
-:func:`vllm_kimi_ext.testing.tp_scenarios.target_pass_collectives`, then each draft case of
-:mod:`vllm_kimi_ext.testing.draft_scenarios` separately, so that a draft that cannot be
+:func:`testkit.tp_scenarios.target_pass_collectives`, then each draft case of
+:mod:`testkit.draft_scenarios` separately, so that a draft that cannot be
 loaded on this machine is reported with its reason while the others are still counted.
 The rank function also evaluates the same config-derived formulas at Kimi-K2.5's real
 dimensions (TP=8), which is what the counts are evidence for.
@@ -22,11 +22,11 @@ KIMI_TP = 8
 
 
 def draft_scenarios_usable() -> tuple[bool, str]:
-    """Whether ``vllm_kimi_ext.testing.draft_scenarios`` exposes what the section uses."""
+    """Whether ``testkit.draft_scenarios`` exposes what the section uses."""
     try:
-        from vllm_kimi_ext.testing import draft_scenarios as ds
+        from testkit import draft_scenarios as ds
     except Exception as exc:  # noqa: BLE001
-        return False, f"vllm_kimi_ext.testing.draft_scenarios not importable ({exc})"
+        return False, f"testkit.draft_scenarios not importable ({exc})"
     need = ("DraftCase", "draft_collectives", "expected_draft_pass", "summarize")
     missing = [n for n in need if not hasattr(ds, n)]
     if missing:
@@ -49,7 +49,7 @@ def bench_rank(rank: int, target_dir: str, rows: int, draft_cases: list,
     """Run on every TP rank; returns plain data (pickled back to the parent)."""
     from vllm.distributed import get_tensor_model_parallel_world_size
 
-    from vllm_kimi_ext.testing.tp_scenarios import (
+    from testkit.tp_scenarios import (
         count_discrepancies,
         expected_target_pass,
         target_pass_collectives,
@@ -76,14 +76,14 @@ def bench_rank(rank: int, target_dir: str, rows: int, draft_cases: list,
         for r in (1, 4)
     }
     if draft_cases:
-        from vllm_kimi_ext.testing import draft_scenarios as ds
+        from testkit import draft_scenarios as ds
 
         out["kimi_projection"]["EAGLE-3 draft token (1 layer, full vocab), 1 row"] = \
             ds.expected_draft_pass(num_layers=1, hidden=KIMI["hidden_size"],
                                    draft_vocab=KIMI["vocab_size"], tp=KIMI_TP, rows=1)
     for case in draft_cases:
         try:
-            from vllm_kimi_ext.testing import draft_scenarios as ds
+            from testkit import draft_scenarios as ds
 
             r = ds.draft_collectives(rank, target_dir, [case])[case.name]
             placement = placements.get(case.name, "sharded")

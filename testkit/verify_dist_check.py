@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_kimi_ext.testing.distributed import free_port  # stdlib only
-from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-from vllm_kimi_ext.testing.verify_simulate import shard_columns
+from testkit.distributed import free_port  # stdlib only
+from testkit.verify_equivalence import assert_equivalent
+from testkit.verify_simulate import shard_columns
 from vllm_kimi_ext.verify.batch import VerifyBatch
 from vllm_kimi_ext.verify.reference import ReferenceVerifier
 from vllm_kimi_ext.verify.sharded import (

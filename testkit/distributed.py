@@ -32,7 +32,7 @@ def _rank_main(fn, rank, world, port, queue, args, kwargs, env) -> None:
         import torch
 
         torch.set_num_threads(1)  # N ranks share a small CPU
-        from vllm_kimi_ext.testing.vllm_cpu import cpu_config_without_triton_cpu, prepare_process
+        from testkit.vllm_cpu import cpu_config_without_triton_cpu, prepare_process
 
         prepare_process()
         from vllm.config import VllmConfig, set_current_vllm_config

@@ -1,7 +1,7 @@
 """Check the Triton shard-statistics kernel against the fused-torch implementation.
 
 Usable on a GPU (``--device cuda``) and on CPU through Triton's interpreter
-(``TRITON_INTERPRET=1 python -m vllm_kimi_ext.testing.verify_kernel_check --device cpu``).
+(``TRITON_INTERPRET=1 python -m testkit.verify_kernel_check --device cpu``).
 
 Criteria (float transcendental functions may differ by a few ulps between
 backends; the integer hash may not differ at all):
@@ -168,8 +168,8 @@ def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
 def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) -> dict:
     """The sharded verifier on the Triton backend vs the full-vocabulary reference:
     top-p (with a small first round, so the wider rounds run too), top-k, bf16 ties."""
-    from vllm_kimi_ext.testing.verify_equivalence import assert_equivalent
-    from vllm_kimi_ext.testing.verify_simulate import simulate_sharded_verify
+    from testkit.verify_equivalence import assert_equivalent
+    from testkit.verify_simulate import simulate_sharded_verify
     from vllm_kimi_ext.verify.batch import VerifyBatch
     from vllm_kimi_ext.verify.reference import ReferenceVerifier
 

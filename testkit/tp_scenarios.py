@@ -1,6 +1,6 @@
 """Functions run on each tensor-parallel rank by the distributed tests.
 
-They live in the package (not in test files) because spawned ranks import them
+They live in the test kit (not in test files) because spawned ranks import them
 by module path. Each returns plain data so results pickle back to the parent.
 """
 
@@ -56,13 +56,14 @@ def target_pass_collectives(rank: int, model_dir: str, rows: int) -> dict:
     import torch
     from vllm.distributed import get_tensor_model_parallel_world_size
 
-    from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.testing.vllm_cpu import (
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.vllm_cpu import (
         compute_logits,
         load_model,
         make_vllm_config,
         run_forward,
     )
+    from vllm_kimi_ext.comm import CollectiveCounter
 
     tp = get_tensor_model_parallel_world_size()
     cfg = make_vllm_config(model_dir, tensor_parallel_size=tp)
@@ -101,8 +102,9 @@ def _local_logits_check(model, cfg, ids, rows) -> dict:
     import torch
     from vllm.distributed import get_tensor_model_parallel_rank
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
 
     if not hasattr(model, "compute_logits_local"):
         return {"available": False}
@@ -161,8 +163,9 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.testing.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.verify import (
         FallbackCounter,
         ReferenceVerifier,
@@ -243,12 +246,13 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
     import torch
     from vllm.config import set_current_vllm_config
 
-    from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.testing.runner_stand_ins import (
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.runner_stand_ins import (
         TORCH_HELPERS,
         stand_in_runner,
         vllm_layout_batch,
     )
+    from vllm_kimi_ext.comm import CollectiveCounter
     from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, vllm_runner
 
     vocab = cfg.model_config.get_vocab_size()

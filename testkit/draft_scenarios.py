@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from vllm_kimi_ext.testing.checkpoints import TinyKimiSpec, _init_tensor, _mlp
+from testkit.checkpoints import TinyKimiSpec, _init_tensor, _mlp
 
 #: Module the EAGLE draft-TP-1 vLLM patch (0008) adds; tests needing it skip without it.
 UNSHARDED_DRAFT_MODULE = "vllm.v1.worker.gpu.spec_decode.unsharded_draft"
@@ -233,7 +233,7 @@ def _load_draft(case: DraftCase, cfg, target):
     ``get_model`` call served by our CPU loader (same create → load →
     post-process steps, plus the poison check; vLLM's ``get_model`` empties an
     accelerator cache a CPU-only torch lacks). DFlash: our loader directly."""
-    from vllm_kimi_ext.testing.vllm_cpu import load_model
+    from testkit.vllm_cpu import load_model
 
     if case.method != "eagle3":
         model, report = load_model(cfg, cfg.speculative_config.draft_model_config)
@@ -279,13 +279,14 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
     embedding / LM head a draft may share)."""
     from vllm.distributed import get_tensor_model_parallel_world_size
 
-    from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.testing.vllm_cpu import (
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.vllm_cpu import (
         compute_logits,
         load_model,
         make_vllm_config,
         run_forward,
     )
+    from vllm_kimi_ext.comm import CollectiveCounter
 
     tp = get_tensor_model_parallel_world_size()
     target_cfg = make_vllm_config(target_dir, tensor_parallel_size=tp)

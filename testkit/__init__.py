@@ -1,4 +1,6 @@
-"""Test and benchmark helpers; never imported by the product modules (a unit test checks).
+"""Test and benchmark helpers; never imported by the product modules (a unit test checks)
+and not part of the installed package: import it from the repository root (pytest's
+``pythonpath`` has it; the bench entry points put it on ``sys.path``).
 
 - :mod:`.checkpoints`, :mod:`.tokenizers`, :mod:`.tli_scenarios`: tiny Kimi-shaped
   checkpoints and Kimi-format tokenizers written offline;

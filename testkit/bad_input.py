@@ -11,7 +11,7 @@ half-written). :func:`run_case` runs it in-process through
 with stdout and stderr captured.
 
 The inputs start from small checkpoints and tokenizers written once per session
-(:class:`Bases`, from :mod:`vllm_kimi_ext.testing.checkpoints` and friends) and
+(:class:`Bases`, from :mod:`testkit.checkpoints` and friends) and
 copied per case; the edit helpers below break them one way each.
 """
 

@@ -254,6 +254,7 @@ def _counted_tli_step(cfg, spec, rows: int):
     import torch
     from vllm.config import set_current_vllm_config
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from vllm_kimi_ext.comm import CollectiveCounter
 
     maps = spec.tli_maps
@@ -273,6 +274,7 @@ def tli_draft_collectives(rank: int, target_dir: str, draft_dir: str, rows: int 
     draft's plain forward + ``compute_logits`` (what ``draft_model`` runs), both
     under the :class:`~vllm_kimi_ext.comm.CollectiveCounter`."""
 
+    import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
     from vllm_kimi_ext.comm import CollectiveCounter
 
     from .vllm_cpu import compute_logits, run_forward

@@ -10,7 +10,7 @@ GPU-less install lacks is bridged narrowly and only here:
   ("vLLM on x86 CPUs requires Triton"). :func:`cpu_config_without_triton_cpu`
   lets *configuration* proceed; nothing here runs a Triton kernel.
 * ``torch.ops._C`` MoE ops are replaced by plain-torch stand-ins
-  (:mod:`vllm_kimi_ext.testing.cpu_stand_ins`).
+  (:mod:`testkit.cpu_stand_ins`).
 * Attention runs vLLM's metadata-free path (``attn_metadata=None``): shapes,
   weights and every tensor-parallel collective are real; attention scores are
   not computed. Tests that need token-exact attention do not use this path.
@@ -34,7 +34,7 @@ def prepare_process() -> None:
     """Per-process setup: CPU platform, stand-ins, quiet logs."""
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from vllm_kimi_ext.testing import cpu_stand_ins
+    from testkit import cpu_stand_ins
 
     cpu_stand_ins.install()
 
@@ -224,7 +224,7 @@ def ensure_single_rank() -> None:
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    from vllm_kimi_ext.testing.distributed import free_port
+    from testkit.distributed import free_port
 
     prepare_process()
     with cpu_config_without_triton_cpu():

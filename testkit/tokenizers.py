@@ -59,6 +59,7 @@ __all__ = [
 # Kimi's pre-tokenizer regex and the reserved-slot count live in the standalone
 # remote-code module copied into every written directory (it must not import this
 # package); use them from there rather than keeping a second copy.
+from vllm_kimi_ext.tokenizers import tokenization_kimi  # noqa: E402
 from vllm_kimi_ext.tokenizers.tokenization_kimi import (  # noqa: E402
     KIMI_PAT_STR,
     NUM_RESERVED_SPECIAL_TOKENS,
@@ -155,7 +156,8 @@ KIMI_CHAT_TEMPLATE = (
 #: Names accepted by :func:`write_variant`.
 VARIANTS = ("identical", "special_rename", "special_move", "shifted_ranks", "different_size")
 
-_REMOTE_CODE_FILE = Path(__file__).resolve().parent.parent / "tokenizers" / "tokenization_kimi.py"
+#: the remote-code module as the package ships it (copied into every written directory)
+_REMOTE_CODE_FILE = Path(tokenization_kimi.__file__).resolve()
 
 
 def reserved_token_name(token_id: int) -> str:
