@@ -292,7 +292,11 @@ def train(
 def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_dir, ranks,
            cap, draft_vocab_size, draft_vocab_from, config, options, progress, log, tqdm,
            torch, schedule) -> TrainResult:
-    """The body of :func:`train` once the ranks are set up."""
+    """The body of :func:`train` once the ranks are set up.
+
+    Long because: the loop reads best in one piece with its resume, validation and
+    checkpoint points; each of those is a helper (:func:`_validate`,
+    :func:`_checkpoint`, :mod:`.runstate`)."""
     if not ranks.is_main:
         log = _quiet
     torch.manual_seed(config.seed)
