@@ -164,11 +164,11 @@ def test_server_regeneration_keeps_many_requests_in_flight(tmp_path):
     assert _Server.order[-2:] == ["slow", "slow"]
     assert samples[-1].messages[0]["content"] == "slow"
     assert section["measured"]["history_tokens_unmatched"] == 12 * (len("think1") + 1 + 1)
-    # resumed: nothing asked again
+    # resumed (the same model: another one's run is refused): nothing asked again
     again = regenerate.regenerate(tmp_path / "d", convs, gen := regenerate.ServerGenerator(
-        "http://127.0.0.1:1/v1", regenerate.Sampling(), model="stand-in"), progress=False,
+        "http://127.0.0.1:1/v1", regenerate.Sampling(), model="kimi"), progress=False,
         log=lambda _m: None)
-    assert again["measured"]["generated_tokens"] == 0 and gen.model == "stand-in"
+    assert again["measured"]["generated_tokens"] == 0 and gen.model == "kimi"
 
 
 def test_cuts_count_the_loss_tokens_of_every_turn():

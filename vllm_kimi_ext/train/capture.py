@@ -122,13 +122,12 @@ def check_capture_data(data_dir: str | Path, vocab_size: int | None,
     (readable, token ids inside the target's vocabulary) and an earlier capture's
     settings (same layer ids, dtype and hidden size, or a new directory)."""
     data_dir = Path(data_dir)
-    samples = layout.read_samples(data_dir)
+    samples = layout.read_samples(data_dir, tokens=False)
     if not samples:
         raise DataError(f"{data_dir / layout.SAMPLES}: no samples (run `vllm-kimi-ext draft "
                         "regenerate` first)")
-    for s in samples:
-        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None) \
-            if vocab_size else None
+    for s in layout.iter_samples(data_dir) if vocab_size else ():  # one line at a time
+        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise DataError(f"{data_dir / layout.SAMPLES}: sample {s.index} holds token id "
                             f"{bad}, outside the target's vocabulary [0, {vocab_size})")

@@ -209,22 +209,10 @@ def evaluate(
                    if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
-    model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
-        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k,
-        options=bridge.DraftOptions(trust_remote_code=trust_remote_code))
-    bad = trainer.first_non_finite(model)
-    if bad is not None:
-        raise DataError(f"--draft {draft}: tensor {bad} (or the target's head it loads) holds "
-                        "NaN or infinite values")
     dev = trainer.resolve_device(device)
     wdtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    model = model.to(dev, dtype=wdtype).eval()
+    model, head = _load_checked(target_dir, draft, cap, k, trust_remote_code, dev, wdtype)
     d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None
-    head = _target_head(Path(target_dir))
-    if not bool(torch.isfinite(head).all()):
-        raise DataError(f"--target {target_dir}: lm_head (or embed_tokens) weights hold NaN or "
-                        "infinite values")
-    head = head.to(dev, dtype=wdtype)
     lc = trainer.loss_config(dev)
     dataset = trainer.make_dataset(data_dir, samples, max_len, wdtype)
     collect: list = []
@@ -261,6 +249,25 @@ def evaluate(
     rows = {name: acc.row() for name, acc in sorted(per_source.items())}
     rows["all"] = total.row()
     return rows
+
+
+def _load_checked(target_dir, draft, cap: dict, k: int, trust_remote_code: bool, dev, wdtype):
+    """The draft (built from a directory, or as given) and the target's head, both refused
+    when they hold NaN or infinities, then moved to ``dev`` in ``wdtype``."""
+    import torch
+
+    model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
+        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k,
+        options=bridge.DraftOptions(trust_remote_code=trust_remote_code))
+    bad = trainer.first_non_finite(model)
+    if bad is not None:
+        raise DataError(f"--draft {draft}: tensor {bad} (or the target's head it loads) holds "
+                        "NaN or infinite values")
+    head = _target_head(Path(target_dir))
+    if not bool(torch.isfinite(head).all()):
+        raise DataError(f"--target {target_dir}: lm_head (or embed_tokens) weights hold NaN or "
+                        "infinite values")
+    return model.to(dev, dtype=wdtype).eval(), head.to(dev, dtype=wdtype)
 
 
 def format_table(results: dict[str, dict[str, dict]], k: int = Evaluation.k) -> str:

@@ -143,7 +143,7 @@ def check_train_data(data_dir: str | Path, target_cfg: dict, *, flag: str = "--d
     if not isinstance(ids, list) or len(ids) < 2 or not isinstance(cap.get("hidden_size"), int):
         raise DataError(f"{manifest}: capture section without layer_ids / hidden_size; run "
                         "`draft capture` again")
-    samples = layout.read_samples(data_dir)
+    samples = layout.read_samples(data_dir, tokens=False)
     if not any(layout.captured(data_dir, s, len(ids), cap["hidden_size"]) for s in samples):
         raise DataError(f"{flag} {data_dir}: no complete hidden-state shard (run `vllm-kimi-ext "
                         "draft capture` first)")
