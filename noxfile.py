@@ -56,12 +56,12 @@ TORCH_CUDA_PIN = "torch==2.14.0"  # requirements/cuda.txt of vLLM 0.34.0 (kernel
 UPSTREAM_TEST_REQUIREMENTS = ["tblib", "pytest-asyncio", "pytest-timeout"]
 # vLLM tests that cannot run here, each with its reason (read by the upstream-tests plugin).
 UPSTREAM_DESELECT_LIST = ROOT / "tests" / "upstream" / "deselect.txt"
-# The training stack for the CPU tier (tests/vllm/test_train_miniature.py), installed
-# without dependencies: speculators 0.9.0 declares transformers <= 5.19 and
-# torchvision/torchaudio (CUDA wheels), none of which its EAGLE-3 path needs; these are
-# the modules it imports beyond what vLLM brings. Users install the `train` extra.
-TRAIN_CPU_REQUIREMENTS = ["speculators==0.9.0", "hs-connectors==0.9.0", "datasets>=4,<=5.1",
-                          "pyarrow", "pandas", "xxhash", "multiprocess"]
+# The training stack: the project's `train` extra (what the training commands import
+# beyond vLLM), then speculators 0.9.0 without its declared dependencies, which would
+# replace torch (<= 2.14.1, with CUDA torchvision/torchaudio) and lower transformers to
+# 5.19; its EAGLE-3 path needs none of them (tests/vllm/test_train_install.py). Users
+# install the same two steps (docs/training-a-draft.md).
+TRAIN_NO_DEPS = ["speculators==0.9.0"]
 # Mutation testing (`nox -s mutants`): installed in that session's own environment only.
 MUTATION_TOOL = "cosmic-ray==8.7.0"
 # No model hub here: fail fast instead of retrying with back-off.
@@ -182,8 +182,8 @@ def apply_patches(session: nox.Session) -> None:
         _pip(session, "--no-build-isolation", "-e", str(tree), env=build_env)
     else:
         session.log("vLLM already installed editable from this tree")
-    _pip(session, "-e", f"{ROOT}[test]")
-    _pip(session, "--no-deps", *TRAIN_CPU_REQUIREMENTS)
+    _pip(session, "-e", f"{ROOT}[test,train]")
+    _pip(session, "--no-deps", *TRAIN_NO_DEPS)
     session.run(_py(), "-c", "import vllm, vllm_kimi_ext; print('vllm', vllm.__version__, "
                 "'+ vllm_kimi_ext', vllm_kimi_ext.__version__)", external=True)
     session.log(f"apply-patches done in {time.time() - t0:.0f} s; "

@@ -426,6 +426,9 @@ TRAIN_CASES: list[Case] = [
         ("--holdout-every", "-1", ">= 0"), ("--holdout-every", "1", "every sample"),
         ("--draft-vocab-size", "0", ">= 1"),
         ("--draft-vocab-size", "100000", f"vocab_size {VOCAB}"),
+        ("--checkpoint-every", "0", ">= 1"), ("--val-fraction", "0.6", "in [0.0, 0.5]"),
+        ("--val-every", "0", ">= 1"), ("--patience", "0", ">= 1"),
+        ("--loader-workers", "65", "in [0, 64]"),
     ]),
     _case("train/data-missing", _with(TRAIN, "--data", "{missing}", drop=("--data",)),
           ["--data {missing}: no such folder"], absent=("new",)),
@@ -515,7 +518,7 @@ TRAIN_CASES: list[Case] = [
 EVAL_CASES: list[Case] = [
     *_numbers("eval", EVAL, [
         ("-k", "0", "in [1, 64]"), ("-k", "-2", "in [1, 64]"), ("-k", "65", "in [1, 64]"),
-        ("--holdout-every", "-5", ">= 0"),
+        ("--holdout-every", "-5", ">= 0"), ("--max-len", "1", ">= 2"),
     ]),
     _case("eval/split-without-holdout", _with(EVAL, "--split", "heldout"),
           ["--split heldout: needs --holdout-every"]),

@@ -69,12 +69,14 @@ def test_regenerate_multi_turn_history_and_resume(tmp_path):
                              {"role": "assistant", "content": "answer1",
                               "reasoning_content": "why"},
                              {"role": "user", "content": "t2"}]
+    # one sample per conversation: the two-turn record is the last turn's request
     samples = layout.read_samples(data)
-    assert [s.source for s in samples] == ["mt", "mt", "mt"]
-    assert samples[-1].input_ids == [7, 7, 7, 3, 4]
+    assert [s.source for s in samples] == ["mt", "mt"]
+    multi = next(s for s in samples if s.conversation)
+    assert multi.input_ids == [7, 7, 7, 3, 4]
     gen2 = _EchoGenerator()
     regenerate.regenerate(data, convs, gen2, progress=False)
-    assert gen2.asked == [] and len(layout.read_samples(data)) == 3
+    assert gen2.asked == [] and len(layout.read_samples(data)) == 2
     assert layout.read_manifest(data)["generation"]["measured"]["generated_tokens"] == 0
 
 

@@ -20,7 +20,6 @@ CLASSES = (settings.Sampling, settings.Regeneration, settings.Capture, settings.
 OTHER_QUANTITY = {
     "bridge.py:write_target_stub:dtype": "the target stub's weights, not the capture's",
     "bridge.py:export_flat:dtype": "the exported head's weights, not the capture's",
-    "evaluate.py:evaluate:max_len": "eval's window over a sample, not training's packing",
 }
 #: (command line up to the settings, the settings classes it takes)
 COMMANDS = [

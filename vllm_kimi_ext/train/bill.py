@@ -227,10 +227,10 @@ def load_measured(data_dir: str | Path | None, train_json: str | Path | None) ->
 
     out: dict = {}
     if data_dir:
-        samples = layout.read_samples(data_dir)
+        samples = layout.read_samples(data_dir, tokens=False)
         if samples:
-            out["prompt_tokens"] = sum(len(s.prompt_token_ids) for s in samples) / len(samples)
-            out["response_tokens"] = sum(len(s.output_token_ids) for s in samples) / len(samples)
+            out["prompt_tokens"] = sum(s.prompt_len for s in samples) / len(samples)
+            out["response_tokens"] = sum(s.output_len for s in samples) / len(samples)
         man = layout.read_manifest(data_dir)
         gen = (man.get("generation") or {}).get("measured") or {}
         if gen.get("tokens_per_s"):

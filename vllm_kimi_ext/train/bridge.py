@@ -68,8 +68,8 @@ def require_speculators():
         import speculators  # noqa: F401
     except ImportError as exc:
         raise DataError(
-            f"the training stack is not installed ({exc.name}): pip install "
-            "'vllm-kimi-ext[train]' (speculators 0.9.0)") from None
+            f"the training stack is not installed (no module {exc.name}): pip install "
+            "'vllm-kimi-ext[train]' && pip install --no-deps speculators==0.9.0") from None
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -122,13 +122,12 @@ def check_capture_data(data_dir: str | Path, vocab_size: int | None,
     (readable, token ids inside the target's vocabulary) and an earlier capture's
     settings (same layer ids, dtype and hidden size, or a new directory)."""
     data_dir = Path(data_dir)
-    samples = layout.read_samples(data_dir)
+    samples = layout.read_samples(data_dir, tokens=False)
     if not samples:
         raise DataError(f"{data_dir / layout.SAMPLES}: no samples (run `vllm-kimi-ext draft "
                         "regenerate` first)")
-    for s in samples:
-        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None) \
-            if vocab_size else None
+    for s in layout.iter_samples(data_dir) if vocab_size else ():  # one line at a time
+        bad = next((t for t in s.input_ids if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise DataError(f"{data_dir / layout.SAMPLES}: sample {s.index} holds token id "
                             f"{bad}, outside the target's vocabulary [0, {vocab_size})")
@@ -152,16 +151,24 @@ def capture(
     batch_size: int = Capture.batch_size,
     progress: bool | None = None,
     check_free_space: bool = True,
+    shard: tuple[int, int] = (0, 1),
     log=print,
 ) -> dict:
     """Capture every sample of ``data_dir`` not captured yet; return the manifest's
-    capture section (settings, per-sample entries, bytes on disk)."""
+    capture section (settings, per-sample entries, bytes on disk).
+
+    ``shard = (i, n)``: only the samples whose index is i modulo n, so n engines (n
+    processes, each with its own GPUs) capture one directory together; the manifest
+    is updated under a lock from what is on disk, so the last shard to finish leaves
+    it complete."""
     from tqdm import tqdm
 
     data_dir = Path(data_dir)
-    samples = layout.read_samples(data_dir)
-    if not samples:
+    all_samples = layout.read_samples(data_dir, tokens=False)
+    if not all_samples:
         raise DataError(f"{data_dir / layout.SAMPLES}: no samples")
+    i_shard, n_shards = shard
+    samples = [s for s in all_samples if s.index % n_shards == i_shard]
     ids = check_layer_ids(layer_ids or default_layer_ids(backend.num_hidden_layers),
                           backend.num_hidden_layers)
     if dtype not in DTYPE_BYTES:
@@ -194,20 +201,29 @@ def capture(
                disable=None if progress is None else not progress)
     t0 = time.perf_counter()
     for start in range(0, len(todo), batch_size):
-        chunk = todo[start:start + batch_size]
+        chunk = [layout.with_tokens(data_dir, s) for s in todo[start:start + batch_size]]
         backend.capture(chunk, ids, [layout.hidden_path(data_dir, s.index) for s in chunk],
                         dtype)
         written = [layout.shard_record(data_dir, s.index) for s in chunk]
-        layout.append_shard_records(data_dir, written)
-        records.update((r["index"], r) for r in written)
+        with layout.manifest_lock(data_dir):  # other --shard processes append to the log too
+            layout.append_shard_records(data_dir, written)
         bar.update(len(chunk))
     bar.close()
     elapsed = time.perf_counter() - t0
+    with layout.manifest_lock(data_dir):
+        return _write_capture_section(data_dir, backend, all_samples, todo, ids, h, dtype,
+                                      elapsed)
+
+
+def _write_capture_section(data_dir, backend, samples, todo, ids, h, dtype, elapsed) -> dict:
+    """The manifest's capture section from the shards on disk (all shards' samples) that
+    have a size and sha256 record (this process's, or another --shard process's)."""
+    records = layout.shard_records(data_dir)
     done = [s for s in samples if s.index in records
             and layout.captured(data_dir, s, len(ids), h)]
     entries = [{"index": s.index, "prompt_hash": s.prompt_hash, "source": s.source,
                 "file": str(layout.hidden_path(data_dir, s.index).relative_to(data_dir)),
-                "shape": [s.num_tokens, len(ids), h], "loss_tokens": len(s.output_token_ids),
+                "shape": [s.num_tokens, len(ids), h], "loss_tokens": s.num_loss_tokens,
                 "bytes": records[s.index]["bytes"], "sha256": records[s.index]["sha256"]}
                for s in done]
     section = dict(backend.description, layer_ids=ids, aux_layer_ids=ids[:-1],

@@ -69,10 +69,12 @@ def load_hf(model_dir: str, gguf_file: str | None = None, *, trust_remote_code: 
 
 
 def holdout_hashes(samples, every: int) -> set[str]:
-    """A stable held-out split: the samples whose prompt hash is 0 modulo ``every``."""
+    """A stable held-out split by conversation: the prompt hashes of the samples whose
+    conversation id (the prompt hash for a one-turn record) is 0 modulo ``every``."""
     if not every:
         return set()
-    return {s.prompt_hash for s in samples if int(s.prompt_hash, 16) % every == 0}
+    return {s.prompt_hash for s in samples
+            if int(s.conversation or s.prompt_hash, 16) % every == 0}
 
 
 # --------------------------------------------------------------------------- #
@@ -154,8 +156,22 @@ def _register_capture(sub) -> None:
     p.add_argument("--speculators-dataset", action="store_true",
                    help="also write the Arrow dataset `speculators train --data-path DATA` "
                         "reads")
+    p.add_argument("--shard", type=_shard_arg, default=(0, 1), metavar="I/N",
+                   help="capture only the samples whose index is I mod N: run N of these "
+                        "(one per engine, I = 0..N-1) on the same --data")
     _add_trust_remote_code(p)
     p.set_defaults(func=run_capture)
+
+
+def _shard_arg(text: str) -> tuple[int, int]:
+    i, sep, n = text.partition("/")
+    try:
+        i_, n_ = int(i, 10), int(n, 10)
+    except ValueError:
+        i_ = n_ = -1
+    if not sep or n_ < 1 or not 0 <= i_ < n_:
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {text!r}")
+    return i_, n_
 
 
 def run_capture(args) -> int:
@@ -177,7 +193,8 @@ def run_capture(args) -> int:
         backend = VllmCapture(llm, target=args.vllm_target, staging_dir=staging,
                               tensor_parallel_size=args.tensor_parallel_size)
     section = capture(args.data, backend, layer_ids=args.layer_ids, dtype=args.dtype,
-                      batch_size=args.batch_size, check_free_space=not args.no_space_check)
+                      batch_size=args.batch_size, check_free_space=not args.no_space_check,
+                      shard=args.shard)
     if args.speculators_dataset:
         from .trainer import write_speculators_dataset
 
@@ -215,8 +232,18 @@ def _register_train(sub) -> None:
                    help=f"Llama layer fields of a fresh head, e.g. '{json.dumps(example)}'")
     add_flags(p, settings.TrainConfig)
     add_flags(p, settings.Holdout)
+    _add_train_scale_flags(p)
     _add_trust_remote_code(p)
     p.set_defaults(func=run_train)
+
+
+def _add_train_scale_flags(p: argparse.ArgumentParser) -> None:
+    """``--resume`` (the long-run settings themselves are generated from TrainConfig)."""
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir (same "
+                        "settings; exact continuation); starts from the beginning if there is "
+                        "none. Several GPUs: `torchrun --nproc-per-node N $(which "
+                        "vllm-kimi-ext) draft train ...` (data parallel)")
 
 
 def run_train(args) -> int:
@@ -224,15 +251,17 @@ def run_train(args) -> int:
     from .bridge import DraftOptions
     from .trainer import train
 
-    check_args("train", args)  # numbers, paths, --out apart from every input, the data
-    cfg = from_args(settings.TrainConfig, args)
-    held = holdout_hashes(layout.read_samples(args.data), args.holdout_every)
+    check_args("train", args)  # flags together, numbers, paths, --out apart from inputs, data
+    cfg = from_args(settings.TrainConfig, args, resume=args.resume)
+    held = holdout_hashes(layout.read_samples(args.data, tokens=False), args.holdout_every)
     result = train(args.data, args.target, args.out, init=args.init,
                    draft_vocab_size=args.draft_vocab_size,
                    draft_vocab_from=args.draft_vocab_from, holdout=held, config=cfg,
                    options=DraftOptions(layer_overrides=args.draft_layer,
                                         trust_remote_code=args.trust_remote_code),
                    force=args.force)
+    if result.doctor.get("rank", 0):  # another rank of a torchrun job: rank 0 reports
+        return EXIT_OK
     print(strict_json({"out": str(result.out_dir), "steps": result.steps,
                       "first_loss": result.losses[0] if result.losses else None,
                       "last_loss": result.losses[-1] if result.losses else None,
@@ -256,12 +285,23 @@ def _register_eval(sub) -> None:
     p.set_defaults(func=run_eval)
 
 
+def _warn_eval_cut(results: dict, max_len: int) -> None:
+    import sys
+
+    for draft, rows in results.items():
+        r = rows.get("all", {})
+        if r.get("samples_cut"):
+            print(f"warning: --max-len {max_len} cut {r['samples_cut']} samples for {draft}: "
+                  f"{r['tokens_dropped']} tokens ({r['loss_tokens_dropped']} response tokens) "
+                  "not evaluated", file=sys.stderr)
+
+
 def run_eval(args) -> int:
     from . import layout
     from .evaluate import evaluate, format_table
 
     check_args("eval", args)
-    samples = layout.read_samples(args.data)
+    samples = layout.read_samples(args.data, tokens=False)
     held = holdout_hashes(samples, args.holdout_every)
     pick = {"all": lambda s: True, "heldout": lambda s: s.prompt_hash in held,
             "train": lambda s: s.prompt_hash not in held}[args.split]
@@ -269,8 +309,10 @@ def run_eval(args) -> int:
     chosen = [s for s in samples if pick(s) and layout.captured(
         args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
     results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k,
+                           max_len=args.max_len, device=args.device,
                            trust_remote_code=args.trust_remote_code)
                for d in args.draft}
+    _warn_eval_cut(results, args.max_len)
     print(strict_json(results, indent=1) if args.json else format_table(results, args.k))
     return EXIT_OK
 

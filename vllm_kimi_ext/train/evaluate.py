@@ -13,7 +13,10 @@ the captured last-layer state with the target's own final norm and full ``lm_hea
   expected tokens per target step at ``k`` when every draft proposes from the
   target's own continuation (teacher forcing; in serving, an accepted token is drawn
   from ``min(p, q)`` rather than the target's sample, so this is an estimate);
-* the greedy counterparts: ``a_j = [argmax q_j == argmax p]`` and its ``tau``.
+* greedy drafting (vLLM 0.34.0's default, ``draft_sample_method: "greedy"``) against
+  a target sampled at T = 1: the draft proposes ``x = argmax q_j``, accepted with
+  probability ``p(x)`` (:func:`greedy_draft_acceptance`), and its ``tau``;
+* greedy decoding (T = 0): ``a_j = [argmax q_j == argmax p]`` and its ``tau``.
 
 Chains are counted where all ``k`` predicted tokens are response tokens.
 """
@@ -40,13 +43,23 @@ class Acceptance:
     tau: float = 0.0
     greedy: list[float] = dataclasses.field(default_factory=list)
     greedy_tau: float = 0.0
+    #: greedy drafting (vLLM 0.34.0's default draft_sample_method) against a target
+    #: sampled at T = 1: the argmax draft token is accepted with probability p(x)
+    greedy_draft: list[float] = dataclasses.field(default_factory=list)
+    greedy_draft_tau: float = 0.0
+    samples_cut: int = 0
+    tokens_dropped: int = 0
+    loss_tokens_dropped: int = 0
 
     def __post_init__(self):
         self.alpha = self.alpha or [0.0] * self.k
         self.greedy = self.greedy or [0.0] * self.k
+        self.greedy_draft = self.greedy_draft or [0.0] * self.k
 
-    def add(self, alpha, greedy) -> None:
-        """``alpha``/``greedy``: ``[chains, k]`` tensors of per-depth acceptance."""
+    def add(self, alpha, greedy, greedy_draft=None) -> None:
+        """``[chains, k]`` tensors of per-depth acceptance: ``alpha`` (probabilistic
+        drafting, T = 1), ``greedy`` (argmax agreement, T = 0), ``greedy_draft``
+        (greedy drafting, T = 1)."""
         import torch
 
         if alpha.numel() == 0:
@@ -55,21 +68,42 @@ class Acceptance:
         for j in range(self.k):
             self.alpha[j] += float(alpha[:, j].sum())
             self.greedy[j] += float(greedy[:, j].sum())
+            if greedy_draft is not None:
+                self.greedy_draft[j] += float(greedy_draft[:, j].sum())
         self.tau += float(chain_tau(alpha).sum())
         self.greedy_tau += float(chain_tau(greedy.to(torch.float64)).sum())
+        if greedy_draft is not None:
+            self.greedy_draft_tau += float(chain_tau(greedy_draft).sum())
+
+    def count_cut(self, sample: Sample, max_len: int) -> None:
+        """Count what ``max_len`` drops of ``sample`` (the end of its response)."""
+        over = sample.num_tokens - max_len
+        if over > 0:
+            self.samples_cut += 1
+            self.tokens_dropped += over
+            self.loss_tokens_dropped += sample.loss_tokens_after(max_len)
 
     def merge(self, other: Acceptance) -> None:
+        self.samples_cut += other.samples_cut
+        self.tokens_dropped += other.tokens_dropped
+        self.loss_tokens_dropped += other.loss_tokens_dropped
         self.chains += other.chains
         self.tau += other.tau
         self.greedy_tau += other.greedy_tau
+        self.greedy_draft_tau += other.greedy_draft_tau
         for j in range(self.k):
             self.alpha[j] += other.alpha[j]
             self.greedy[j] += other.greedy[j]
+            self.greedy_draft[j] += other.greedy_draft[j]
 
     def row(self) -> dict:
         n = max(self.chains, 1)
         return {"chains": self.chains, "alpha": [a / n for a in self.alpha], "tau": self.tau / n,
-                "greedy_alpha": [a / n for a in self.greedy], "greedy_tau": self.greedy_tau / n}
+                "greedy_alpha": [a / n for a in self.greedy], "greedy_tau": self.greedy_tau / n,
+                "greedy_draft_alpha": [a / n for a in self.greedy_draft],
+                "greedy_draft_tau": self.greedy_draft_tau / n,
+                "samples_cut": self.samples_cut, "tokens_dropped": self.tokens_dropped,
+                "loss_tokens_dropped": self.loss_tokens_dropped}
 
 
 def chain_tau(alpha):
@@ -108,12 +142,33 @@ def chain_acceptance(p, qs: Sequence, valid, d2t=None):
     for j, q in enumerate(qs):
         pj = p[starts + j]
         qj = q[starts]
-        alpha[:, j] = sum_min(pj, qj, d2t).to(torch.float64)
+        alpha[:, j] = sum_min(pj, qj, d2t).to(torch.float64).cpu()
         draft_argmax = qj.argmax(-1)
         if d2t is not None:
             draft_argmax = draft_argmax + d2t.to(draft_argmax.device)[draft_argmax]
-        greedy[:, j] = (draft_argmax == target_argmax[starts + j]).to(torch.float64)
+        greedy[:, j] = (draft_argmax == target_argmax[starts + j]).to(torch.float64).cpu()
     return alpha, greedy
+
+
+def greedy_draft_acceptance(p, qs: Sequence, valid, d2t=None):
+    """Per-chain acceptance when the draft proposes its argmax (vLLM's default
+    ``draft_sample_method: greedy``) and the target samples at T = 1: rejection
+    sampling with a one-hot draft accepts token x with probability ``p(x)``.
+    ``[chains, k]``, the chains of :func:`chain_acceptance`."""
+    import torch
+
+    k = len(qs)
+    n = p.shape[0] - (k - 1)
+    if n <= 0:
+        return torch.zeros(0, k, dtype=torch.float64)
+    starts = torch.nonzero(valid[:n]).flatten()
+    out = torch.zeros(len(starts), k, dtype=torch.float64)
+    for j, q in enumerate(qs):
+        x = q[starts].argmax(-1)
+        if d2t is not None:
+            x = x + d2t.to(x.device)[x]
+        out[:, j] = p[starts + j].gather(-1, x[:, None])[:, 0].to(torch.float64).cpu()
+    return out
 
 
 def _target_head(target_dir: Path):
@@ -130,12 +185,18 @@ def evaluate(
     *,
     samples: Sequence[Sample] | None = None,
     k: int = Evaluation.k,
-    max_len: int = 4096,
+    max_len: int = Evaluation.max_len,
     progress: bool | None = None,
+    device: str | None = None,
     trust_remote_code: bool = False,
 ) -> dict[str, dict]:
     """Acceptance of ``draft`` (a directory, or a speculators model) per source and
-    ``"all"`` over ``samples`` (default: every captured sample)."""
+    ``"all"`` over ``samples`` (default: every captured sample).
+
+    Samples longer than ``max_len`` tokens are cut; each row counts what was cut
+    (``samples_cut``, ``tokens_dropped``, ``loss_tokens_dropped``). On CUDA (the
+    default when present) the draft and the target's head run in bf16 and the
+    probabilities are taken in fp32; on CPU everything is fp32."""
     import torch
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
@@ -144,25 +205,16 @@ def evaluate(
     bridge.require_speculators()
     cap = trainer.capture_settings(data_dir)
     if samples is None:
-        samples = [s for s in layout.read_samples(data_dir)
+        samples = [s for s in layout.read_samples(data_dir, tokens=False)
                    if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
-    model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
-        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k,
-        options=bridge.DraftOptions(trust_remote_code=trust_remote_code))
-    model = model.cpu().float().eval()
-    bad = trainer.first_non_finite(model)
-    if bad is not None:
-        raise DataError(f"--draft {draft}: tensor {bad} (or the target's head it loads) holds "
-                        "NaN or infinite values")
+    dev = trainer.resolve_device(device)
+    wdtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model, head = _load_checked(target_dir, draft, cap, k, trust_remote_code, dev, wdtype)
     d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None
-    head = _target_head(Path(target_dir)).float()
-    if not bool(torch.isfinite(head).all()):
-        raise DataError(f"--target {target_dir}: lm_head (or embed_tokens) weights hold NaN or "
-                        "infinite values")
-    lc = trainer.loss_config(torch.device("cpu"))
-    dataset = trainer.make_dataset(data_dir, samples, max_len, torch.float32)
+    lc = trainer.loss_config(dev)
+    dataset = trainer.make_dataset(data_dir, samples, max_len, wdtype)
     collect: list = []
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: collect.append(out[0]))
     per_source: dict[str, Acceptance] = defaultdict(lambda: Acceptance(k))
@@ -172,12 +224,12 @@ def evaluate(
             s = samples[idx]
             n = min(s.num_tokens, max_len)
             batch = CollateFn(n, cap["hidden_size"], num_target_layers=len(cap["aux_layer_ids"]),
-                              dtype=torch.float32, preprocess=shift_batch)([dataset[idx]])
+                              dtype=wdtype, preprocess=shift_batch)([dataset[idx]])
             collect.clear()
             with torch.no_grad():
-                model(**trainer.model_inputs(batch, "cpu"), ttt_steps=k, loss_config=lc)
-                last = batch["verifier_last_hidden_states"][0]
-                p = torch.softmax(model.verifier_norm(last) @ head.T, dim=-1)
+                model(**trainer.model_inputs(batch, dev), ttt_steps=k, loss_config=lc)
+                last = batch["verifier_last_hidden_states"][0].to(dev)
+                p = torch.softmax((model.verifier_norm(last) @ head.T).float(), dim=-1)
             qs = [torch.softmax(logits.float(), dim=-1) for logits in collect[:k]]
             # shifted position i predicts original token i + 2; a chain counts when its k
             # tokens i + 2 .. i + 1 + k all exist (< n) and are response tokens
@@ -186,8 +238,10 @@ def evaluate(
             valid = torch.zeros(m, dtype=torch.bool)
             for i in range(m - (k - 1)):
                 valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k < n
-            alpha, greedy = chain_acceptance(p, qs, valid, d2t)
-            per_source[s.source or "data"].add(alpha, greedy)
+            alpha, greedy = chain_acceptance(p, qs, valid.to(dev), d2t)
+            acc = per_source[s.source or "data"]
+            acc.add(alpha, greedy, greedy_draft_acceptance(p, qs, valid.to(dev), d2t))
+            acc.count_cut(s, max_len)
     finally:
         hook.remove()
     total = Acceptance(k)
@@ -198,14 +252,35 @@ def evaluate(
     return rows
 
 
+def _load_checked(target_dir, draft, cap: dict, k: int, trust_remote_code: bool, dev, wdtype):
+    """The draft (built from a directory, or as given) and the target's head, both refused
+    when they hold NaN or infinities, then moved to ``dev`` in ``wdtype``."""
+    import torch
+
+    model = draft if not isinstance(draft, (str, Path)) else bridge.build_draft(
+        target_dir, cap["aux_layer_ids"], init=draft, ttt_steps=k,
+        options=bridge.DraftOptions(trust_remote_code=trust_remote_code))
+    bad = trainer.first_non_finite(model)
+    if bad is not None:
+        raise DataError(f"--draft {draft}: tensor {bad} (or the target's head it loads) holds "
+                        "NaN or infinite values")
+    head = _target_head(Path(target_dir))
+    if not bool(torch.isfinite(head).all()):
+        raise DataError(f"--target {target_dir}: lm_head (or embed_tokens) weights hold NaN or "
+                        "infinite values")
+    return model.to(dev, dtype=wdtype).eval(), head.to(dev, dtype=wdtype)
+
+
 def format_table(results: dict[str, dict[str, dict]], k: int = Evaluation.k) -> str:
     """Markdown: one row per (draft, source)."""
     head = ("| draft | prompts | chains | " + " | ".join(f"α{j + 1}" for j in range(k)) +
-            f" | τ (k={k}, T=1) | greedy τ |")
-    lines = [head, "|" + "---|" * (k + 5)]
+            f" | τ probabilistic draft (k={k}, T=1) | τ greedy draft (T=1, vLLM default) "
+            "| τ greedy (T=0) |")
+    lines = [head, "|" + "---|" * (k + 6)]
     for draft, rows in results.items():
         for source, r in rows.items():
             lines.append(f"| {draft} | {source} | {r['chains']} | " +
                          " | ".join(f"{a:.3f}" for a in r["alpha"]) +
-                         f" | {r['tau']:.3f} | {r['greedy_tau']:.3f} |")
+                         f" | {r['tau']:.3f} | {r.get('greedy_draft_tau', float('nan')):.3f} "
+                         f"| {r['greedy_tau']:.3f} |")
     return "\n".join(lines)

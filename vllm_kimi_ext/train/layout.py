@@ -22,6 +22,7 @@ stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -65,25 +66,69 @@ class Sample:
     response: str = ""
     reasoning: str | None = None
     finish_reason: str | None = None
+    #: a multi-turn record: the id of the conversation (hash of its user turns), and
+    #: the ``[start, end)`` ranges of ``input_ids`` the loss covers: every assistant
+    #: turn as the history renders it, and the last response. None: one turn, the
+    #: loss covers the response.
+    conversation: str | None = None
+    loss_spans: list[list[int]] | None = None
+    #: a sample read without its token ids (:func:`read_samples` ``tokens=False``):
+    #: (prompt, response) lengths and the byte offset of its line in samples.jsonl
+    lengths: tuple[int, int] | None = dataclasses.field(default=None, repr=False,
+                                                        compare=False)
+    offset: int | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids) if self.lengths is None else self.lengths[0]
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_token_ids) if self.lengths is None else self.lengths[1]
 
     @property
     def input_ids(self) -> list[int]:
+        if self.lengths is not None:
+            raise RuntimeError(f"sample {self.index} was read without its token ids "
+                               "(layout.with_tokens reads them)")
         return list(self.prompt_token_ids) + list(self.output_token_ids)
 
     @property
     def loss_mask(self) -> list[int]:
-        return [0] * len(self.prompt_token_ids) + [1] * len(self.output_token_ids)
+        if self.loss_spans is None:
+            return [0] * self.prompt_len + [1] * self.output_len
+        mask = [0] * self.num_tokens
+        for a, b in self.loss_spans:
+            mask[a:b] = [1] * (b - a)
+        return mask
+
+    @property
+    def num_loss_tokens(self) -> int:
+        if self.loss_spans is None:
+            return self.output_len
+        return sum(b - a for a, b in self.loss_spans)
+
+    def loss_tokens_after(self, position: int) -> int:
+        """Loss tokens at ``position`` or later (what a cut there drops)."""
+        if self.loss_spans is None:
+            return min(self.output_len, max(0, self.num_tokens - position))
+        return sum(max(0, b - max(a, position)) for a, b in self.loss_spans)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.prompt_len + self.output_len
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+        rec = dataclasses.asdict(self)
+        del rec["lengths"], rec["offset"]
+        for key in ("conversation", "loss_spans"):  # single-turn records stay as they were
+            if rec[key] is None:
+                del rec[key]
+        return json.dumps(rec, ensure_ascii=False)
 
     @classmethod
     def from_dict(cls, rec: dict, where: str) -> Sample:
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - {"lengths", "offset"}
         missing = [n for n in ("index", "prompt_hash", "prompt_token_ids", "output_token_ids")
                    if n not in rec]
         if missing:
@@ -99,7 +144,15 @@ class Sample:
                 raise DataError(f"{where}: field {name!r} {problem}")
         rec.setdefault("source", "")
         rec.setdefault("messages", [])
-        return cls(**rec)
+        sample = cls(**rec)
+        if sample.loss_spans is not None:
+            n = sample.num_tokens
+            if not isinstance(sample.loss_spans, list) or not all(
+                    isinstance(sp, list) and len(sp) == 2 and all(type(x) is int for x in sp)
+                    and 0 <= sp[0] <= sp[1] <= n for sp in sample.loss_spans):
+                raise DataError(f"{where}: field loss_spans must be [start, end] pairs "
+                                f"inside the sample's {n} tokens")
+        return sample
 
 
 def token_ids_problem(ids: Any, vocab_size: int | None = None) -> str | None:
@@ -122,27 +175,67 @@ def hidden_path(data_dir: str | Path, index: int) -> Path:
     return Path(data_dir) / HIDDEN_DIR / f"hs_{index}.safetensors"
 
 
-def read_samples(data_dir: str | Path) -> list[Sample]:
-    """Every sample of ``data_dir/samples.jsonl`` (in index order). A torn last line
-    (an interrupted run) is dropped; any other bad line is refused."""
+def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """``(line number, byte offset, line)`` of the non-blank lines, read as a stream."""
+    with open(path, "rb") as fh:
+        offset = 0
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                yield lineno, offset, line
+            offset += len(line)
+
+
+def iter_samples(data_dir: str | Path, *, tokens: bool = True) -> Iterator[Sample]:
+    """The samples of ``data_dir/samples.jsonl`` in file order, one line at a time.
+    ``tokens=False``: without their token ids (lengths and the line's offset kept;
+    :func:`with_tokens` reads them back), so a whole data set's metadata fits in
+    memory. A torn last line (an interrupted run) is dropped; any other bad line is
+    refused."""
     path = Path(data_dir) / SAMPLES
     if not path.is_file():
         raise DataError(f"{path}: no such file (run `vllm-kimi-ext draft regenerate` first)")
-    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-             if line.strip()]
-    out = []
-    for pos, (lineno, line) in enumerate(lines):
+    torn = None
+    for lineno, offset, line in _lines(path):
+        if torn is not None:
+            raise DataError(f"{path}:{torn[0]}: not valid JSON ({torn[1]})")
         try:
             rec = json.loads(line)
         except ValueError as exc:
-            if pos == len(lines) - 1:
-                break
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
-        out.append(Sample.from_dict(rec, f"{path}:{lineno}"))
-    out.sort(key=lambda s: s.index)
+            torn = (lineno, exc)
+            continue
+        sample = Sample.from_dict(rec, f"{path}:{lineno}")
+        if not tokens:
+            sample.lengths = (len(sample.prompt_token_ids), len(sample.output_token_ids))
+            sample.offset = offset
+            sample.prompt_token_ids = sample.output_token_ids = []
+            sample.messages = []
+        yield sample
+
+
+def read_samples(data_dir: str | Path, *, tokens: bool = True) -> list[Sample]:
+    """Every sample of ``data_dir/samples.jsonl`` (in index order); see
+    :func:`iter_samples`. Readers of a large set pass ``tokens=False``."""
+    out = sorted(iter_samples(data_dir, tokens=tokens), key=lambda s: s.index)
     if len({s.index for s in out}) != len(out):
-        raise DataError(f"{path}: duplicate sample index")
+        raise DataError(f"{Path(data_dir) / SAMPLES}: duplicate sample index")
     return out
+
+
+def with_tokens(data_dir: str | Path, sample: Sample) -> Sample:
+    """``sample`` with its token ids (read from its line when it was read without)."""
+    if sample.lengths is None:
+        return sample
+    path = Path(data_dir) / SAMPLES
+    with open(path, "rb") as fh:
+        fh.seek(sample.offset)
+        line = fh.readline()
+    try:
+        full = Sample.from_dict(json.loads(line), f"{path}@{sample.offset}")
+    except ValueError as exc:
+        raise DataError(f"{path}: the line of sample {sample.index} changed ({exc})") from None
+    if full.index != sample.index or full.num_tokens != sample.num_tokens:
+        raise DataError(f"{path}: the line of sample {sample.index} changed while in use")
+    return full
 
 
 def append_samples(data_dir: str | Path, samples: Iterable[Sample]) -> None:
@@ -186,6 +279,20 @@ def read_manifest(data_dir: str | Path) -> dict:
         raise DataError(f"{path}: field 'format' is {manifest.get('format')!r}, expected "
                         f"{FORMAT!r}")
     return manifest
+
+
+@contextlib.contextmanager
+def manifest_lock(data_dir: str | Path) -> Iterator[None]:
+    """An exclusive lock on the data directory's manifest (processes capturing shards
+    of one directory update it in turn)."""
+    import fcntl
+
+    with open(Path(data_dir) / ".manifest.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def update_manifest(data_dir: str | Path, **sections: Any) -> dict:

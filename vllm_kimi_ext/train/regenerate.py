@@ -14,8 +14,12 @@ is served with; what is kept is the exact token sequence it saw and produced:
 Prompt files are JSONL or plain text read with shrink-vocab's reader (fields
 ``prompt``, ``text``, ``question``, ``turns``, ``content``). A record with several
 turns becomes a conversation: turn k is asked with the target's own answers to
-turns 1..k-1 in the history, and each turn is one sample. Samples already in the
-data directory (same prompt hash) are skipped, so an interrupted run resumes.
+turns 1..k-1 in the history, and the conversation is stored once: the last turn's
+prompt (which holds the history as the template renders it) and response, the loss
+on every assistant turn (:func:`conversation_sample`). Conversations already in the
+data directory are skipped, so an interrupted run resumes. Against a server, many
+conversations are in flight at once (``--concurrency``): the server's continuous
+batching schedules them and no request waits for another's end.
 """
 
 from __future__ import annotations
@@ -114,6 +118,79 @@ def _history(turns: Sequence[str], answers: Sequence[Answer]) -> list[dict]:
     return messages
 
 
+def conversation_key(conv: Conversation, chat_template_kwargs: dict | None) -> str:
+    """The id of a conversation: the hash of its user turns (and template arguments).
+    For one turn it equals that request's prompt hash."""
+    return prompt_hash([{"role": "user", "content": t} for t in conv.turns],
+                       chat_template_kwargs)
+
+
+def _find(haystack: bytes, needle: bytes, start: int) -> int:
+    """Token index of ``needle`` in ``haystack`` (int32 token arrays) at or after token
+    ``start``, or -1."""
+    pos = haystack.find(needle, 4 * start)
+    while pos != -1 and pos % 4:
+        pos = haystack.find(needle, pos + 1)
+    return -1 if pos == -1 else pos // 4
+
+
+def locate_turn(prompt: Sequence[int], output: Sequence[int], start: int
+                ) -> tuple[int, int, int]:
+    """Where an earlier answer's tokens sit in a later turn's prompt.
+
+    The history renders an answer the way the chat template does (a thinking
+    template usually drops the reasoning; the stop token is the template's own), so
+    the longest run of the answer that ends at its last non-stop token and appears
+    after token ``start`` is taken. Returns ``(begin, end, unmatched)``:
+    ``unmatched`` answer tokens have no place in the history (not trained on)."""
+    from array import array
+
+    hay = array("i", prompt).tobytes()
+    body = list(output)
+    for candidate in (body, body[:-1]):
+        if candidate:
+            at = _find(hay, array("i", candidate).tobytes(), start)
+            if at != -1:
+                return at, at + len(candidate), len(body) - len(candidate)
+    body = body[:-1]
+    lo, hi, best = 1, len(body), None  # a suffix that occurs makes every shorter one occur
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        at = _find(hay, array("i", body[-mid:]).tobytes(), start)
+        if at != -1:
+            best, lo = (at, mid), mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return start, start, len(output)
+    return best[0], best[0] + best[1], len(output) - best[1]
+
+
+def conversation_sample(index: int, conv: Conversation, key: str, answers: Sequence[Answer],
+                        chat_template_kwargs: dict | None) -> tuple[Sample, int]:
+    """One sample for the whole conversation: the last turn's prompt (which holds the
+    history) and response, with the loss on every assistant turn. Returns the sample
+    and the number of answer tokens the history does not reproduce."""
+    messages = _history(conv.turns, answers[:-1])
+    last = answers[-1]
+    h = prompt_hash(messages, chat_template_kwargs)
+    sample = Sample(index, h, conv.source, messages, last.prompt_token_ids,
+                    last.output_token_ids, last.text, last.reasoning, last.finish_reason)
+    if len(answers) == 1:
+        return sample, 0
+    spans, pos, unmatched = [], 0, 0
+    for ans in answers[:-1]:
+        a, b, lost = locate_turn(last.prompt_token_ids, ans.output_token_ids, pos)
+        unmatched += lost
+        if b > a:
+            spans.append([a, b])
+            pos = b
+    n = len(last.prompt_token_ids)
+    spans.append([n, n + len(last.output_token_ids)])
+    sample.conversation, sample.loss_spans = key, spans
+    return sample, unmatched
+
+
 def regenerate(
     data_dir: str | Path,
     conversations: Sequence[Conversation],
@@ -122,12 +199,19 @@ def regenerate(
     chat_template_kwargs: dict | None = None,
     batch_size: int = Regeneration.batch_size,
     progress: bool | None = None,
+    log=print,
 ) -> dict:
-    """Ask the target every turn of every conversation; append samples to ``data_dir``.
+    """Ask the target every turn of every conversation; append one sample per
+    conversation to ``data_dir`` (:func:`conversation_sample`).
 
-    Turn k of all conversations is asked in batches of ``batch_size`` once turn k-1
-    is answered. Returns the generation section written to the manifest (settings
-    and the measured throughput of this run).
+    A generator with ``answer_one`` (the server) gets its conversations through a pool
+    of ``generator.concurrency`` threads, each asking its conversation's turns in
+    turn: that many requests stay in flight and the server's continuous batching
+    schedules them; a sample is written as soon as its conversation is done. Others
+    (transformers) answer turn k of all conversations in batches of ``batch_size``.
+    Returns the generation section written to the manifest (settings, measured
+    throughput, and the counts of responses cut by ``max_tokens`` and of answer
+    tokens the history does not reproduce).
     """
     from tqdm import tqdm
 
@@ -135,52 +219,91 @@ def regenerate(
     check_resume(data_dir, generator.description.get("backend"),
                  generator.description.get("model"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    existing = {s.prompt_hash: s for s in (layout.read_samples(data_dir)
-                                           if (data_dir / layout.SAMPLES).is_file() else [])}
-    next_index = max((s.index for s in existing.values()), default=-1) + 1
-    answers: list[list[Answer]] = [[] for _ in conversations]
-    total = sum(len(c.turns) for c in conversations)
-    bar = tqdm(total=total, desc="regenerate", unit="turn", disable=None if progress is None
-               else not progress)
-    generated = 0
+    existing = (layout.read_samples(data_dir, tokens=False)
+                if (data_dir / layout.SAMPLES).is_file() else [])
+    done = {s.conversation or s.prompt_hash for s in existing}
+    next_index = max((s.index for s in existing), default=-1) + 1
+    todo = [(c, conversation_key(c, chat_template_kwargs)) for c in conversations]
+    todo = [(c, k) for c, k in todo if k not in done]
+    bar = tqdm(total=sum(len(c.turns) for c in conversations), desc="regenerate", unit="turn",
+               initial=sum(len(c.turns) for c in conversations) - sum(len(c.turns)
+                                                                     for c, _ in todo),
+               disable=None if progress is None else not progress)
+    stats = {"generated_tokens": 0, "responses_cut_by_max_tokens": 0,
+             "history_tokens_unmatched": 0}
     t0 = time.perf_counter()
-    for k in range(max((len(c.turns) for c in conversations), default=0)):
-        todo: list[tuple[int, list[dict], str]] = []
-        for ci, conv in enumerate(conversations):
-            if k >= len(conv.turns):
-                continue
-            messages = _history(conv.turns[: k + 1], answers[ci])
-            h = prompt_hash(messages, chat_template_kwargs)
-            if h in existing:
-                s = existing[h]
-                answers[ci].append(Answer(s.prompt_token_ids, s.output_token_ids, s.response,
-                                          s.reasoning, s.finish_reason))
-                bar.update(1)
-            else:
-                todo.append((ci, messages, h))
-        # similar lengths together: less padding in a batch, less waiting on stragglers
-        todo.sort(key=lambda item: sum(len(m["content"]) for m in item[1]))
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start:start + batch_size]
-            got = generator.answer([m for _, m, _ in chunk])
-            new = []
-            for (ci, messages, h), ans in zip(chunk, got):
-                answers[ci].append(ans)
-                new.append(Sample(next_index, h, conversations[ci].source, messages,
-                                  ans.prompt_token_ids, ans.output_token_ids, ans.text,
-                                  ans.reasoning, ans.finish_reason))
-                existing[h] = new[-1]
-                next_index += 1
-                generated += len(ans.output_token_ids)
-            layout.append_samples(data_dir, new)
-            bar.update(len(chunk))
+
+    def store(conv: Conversation, key: str, answers: list[Answer]) -> None:
+        nonlocal next_index
+        sample, unmatched = conversation_sample(next_index, conv, key, answers,
+                                                chat_template_kwargs)
+        layout.append_samples(data_dir, [sample])
+        next_index += 1
+        stats["generated_tokens"] += sum(len(a.output_token_ids) for a in answers)
+        stats["responses_cut_by_max_tokens"] += sum(a.finish_reason == "length"
+                                                    for a in answers)
+        stats["history_tokens_unmatched"] += unmatched
+
+    if hasattr(generator, "answer_one"):
+        _regenerate_in_flight(todo, generator, store, bar)
+    else:
+        _regenerate_batched(todo, generator, store, bar, batch_size)
     bar.close()
     elapsed = time.perf_counter() - t0
+    if stats["responses_cut_by_max_tokens"]:
+        log(f"warning: {stats['responses_cut_by_max_tokens']} responses stopped at "
+            f"max_tokens {generator.description.get('max_tokens')} (cut; raise --max-tokens)")
+    if stats["history_tokens_unmatched"]:
+        log(f"warning: {stats['history_tokens_unmatched']} tokens of earlier answers are not "
+            "in the history the chat template renders (e.g. dropped reasoning); they are "
+            "not trained on")
     section = dict(generator.description, chat_template_kwargs=chat_template_kwargs or {},
-                   measured={"generated_tokens": generated, "seconds": round(elapsed, 3),
-                             "tokens_per_s": round(generated / elapsed, 3) if elapsed else None})
+                   measured={**stats, "seconds": round(elapsed, 3),
+                             "tokens_per_s": round(stats["generated_tokens"] / elapsed, 3)
+                             if elapsed else None})
     layout.update_manifest(data_dir, generation=section)
     return section
+
+
+def _regenerate_in_flight(todo, generator, store, bar) -> None:
+    """Conversations through a thread pool; samples stored as they complete."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    def run(conv: Conversation) -> list[Answer]:
+        answers: list[Answer] = []
+        for k in range(len(conv.turns)):
+            answers.append(generator.answer_one(_history(conv.turns[: k + 1], answers)))
+            bar.update(1)
+        return answers
+
+    pool = ThreadPoolExecutor(max_workers=max(1, int(generator.concurrency)))
+    try:
+        pending = {pool.submit(run, conv): (conv, key) for conv, key in todo}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                conv, key = pending.pop(fut)
+                store(conv, key, fut.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _regenerate_batched(todo, generator, store, bar, batch_size: int) -> None:
+    """Turn k of every conversation in batches, once turn k-1 is answered."""
+    answers: list[list[Answer]] = [[] for _ in todo]
+    for k in range(max((len(c.turns) for c, _ in todo), default=0)):
+        asks = [(ci, _history(conv.turns[: k + 1], answers[ci]))
+                for ci, (conv, _) in enumerate(todo) if k < len(conv.turns)]
+        # similar lengths together: less padding in a batch
+        asks.sort(key=lambda item: sum(len(m["content"]) for m in item[1]))
+        for start in range(0, len(asks), batch_size):
+            chunk = asks[start:start + batch_size]
+            for (ci, _), ans in zip(chunk, generator.answer([m for _, m in chunk])):
+                answers[ci].append(ans)
+                conv, key = todo[ci]
+                if len(answers[ci]) == len(conv.turns):
+                    store(conv, key, answers[ci])
+            bar.update(len(chunk))
 
 
 # --------------------------------------------------------------------------- #
@@ -242,7 +365,7 @@ class ServerGenerator:
                             " pick one with --model")
         return data[0]["id"]
 
-    def _one(self, messages: list[dict]) -> Answer:
+    def answer_one(self, messages: list[dict]) -> Answer:
         s = self.sampling
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": s.max_tokens,
@@ -272,7 +395,7 @@ class ServerGenerator:
 
     def answer(self, requests: Sequence[list[dict]]) -> list[Answer]:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-            return list(pool.map(self._one, requests))
+            return list(pool.map(self.answer_one, requests))
 
 
 # --------------------------------------------------------------------------- #

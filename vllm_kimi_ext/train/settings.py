@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from vllm_kimi_ext.costmodel.cli import DEFAULT_HARDWARE
+from vllm_kimi_ext.user_input import bounded_float, bounded_int
 
 __all__ = [
     "Bill",
@@ -76,6 +77,15 @@ def from_args(cls: type, args: argparse.Namespace, **extra: Any):
     return cls(**values, **extra)
 
 
+def _device(text: str) -> str:
+    """An argparse type: ``cpu``, ``cuda`` or ``cuda:N``."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 # --------------------------------------------------------------------------- #
 # the settings                                                                 #
 # --------------------------------------------------------------------------- #
@@ -95,8 +105,10 @@ class Sampling:
 class Regeneration:
     """How many requests ``draft regenerate`` keeps going."""
 
-    batch_size: int = setting(64, "requests per batch (a batch is stored before the next)")
-    concurrency: int = setting(32, "requests in flight to --server at once")
+    batch_size: int = setting(64, "requests per batch with --hf-model (a batch is stored "
+                                  "before the next; --server keeps --concurrency in flight)")
+    concurrency: int = setting(32, "requests in flight to --server at once (each "
+                                   "conversation stored as soon as it is done)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,22 +123,47 @@ class Capture:
     batch_size: int = setting(64, "samples per forward pass")
 
 
+#: what a sample of a thinking-mode run holds: 8192 response tokens (the documented
+#: `--max-tokens`) plus a prompt of up to 8192
+LONG_SAMPLE = 16384
+
+
 @dataclasses.dataclass
 class TrainConfig:
-    """The optimisation of ``draft train`` (``warmup_ratio`` and ``log_every`` are not
-    flags)."""
+    """The optimisation of ``draft train`` (``warmup_ratio``, ``log_every`` and ``resume``
+    are not generated flags; ``--resume`` is a switch of its own)."""
 
     epochs: float = setting(1.0, "passes over the training samples")
     max_steps: int | None = setting(None, "stop after this many steps (overrides --epochs)")
     lr: float = setting(1e-3, "AdamW learning rate (speculators' default too)")
     warmup_ratio: float = 0.05
-    max_len: int = setting(2048, "tokens packed per step")
+    max_len: int = setting(LONG_SAMPLE, "tokens packed per step and rank; a longer sample is "
+                                        "cut, warned about and counted in training.json",
+                           type=bounded_int(2, what="a token count"))
     prompt_context: int | None = setting(
         None, "train on at most the last N prompt tokens of each sample")
     ttt_steps: int = setting(3, "draft depths trained (k)")
     seed: int = setting(0, "initialisation and data-order seed")
     device: str | None = setting(None, "torch device (default: cuda if available, else cpu)")
     log_every: int = 10
+    checkpoint_every: int | None = setting(
+        None, "write a checkpoint every N steps", metavar="N",
+        type=bounded_int(1, what="a step count"))
+    checkpoint_dir: str | None = setting(
+        None, "where checkpoints go (default: OUT.checkpoints beside --out)")
+    resume: bool = False
+    val_fraction: float = setting(
+        0.0, "share of conversations held out for validation; the exported head is the one "
+             "with the lowest validation loss", type=bounded_float(0.0, 0.5, what="a fraction"))
+    val_every: int | None = setting(
+        None, "validate every N steps (default: once per epoch)", metavar="N",
+        type=bounded_int(1, what="a step count"))
+    patience: int | None = setting(
+        None, "stop after this many validations without improvement",
+        type=bounded_int(1, what="a count"))
+    loader_workers: int | None = setting(
+        None, "DataLoader workers (default: 2 on CUDA, 0 on CPU)",
+        type=bounded_int(0, 64, what="a worker count"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +176,14 @@ class Holdout:
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
-    """``draft eval``'s chain length."""
+    """``draft eval``'s chain length, window and device."""
 
     k: int = setting(3, "draft tokens per step scored (tau at k)", flag="-k")
+    max_len: int = setting(LONG_SAMPLE, "tokens of each sample evaluated; a longer sample is "
+                                        "cut, warned about and counted",
+                           type=bounded_int(2, what="a token count"))
+    device: str | None = setting(None, "cpu, cuda or cuda:N (default: cuda in bf16 if "
+                                       "available, else cpu in fp32)", type=_device)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,13 +16,14 @@ doctor against the target before the command reports success.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import bridge, layout
+from . import bridge, layout, runstate
 from .layout import DataError, Sample
 from .settings import TrainConfig
 
@@ -63,7 +64,7 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
     sees N prompt tokens). Training compute falls with the prompt share; the loss,
     which covers response tokens only, keeps every term."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors import safe_open
     from speculators.train.data import BaseDataset
 
     data_dir = Path(data_dir)
@@ -72,7 +73,7 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
         def _start(self, s: Sample) -> int:
             if prompt_context is None:
                 return 0
-            return max(0, len(s.prompt_token_ids) - prompt_context)
+            return max(0, s.prompt_len - prompt_context)
 
         def _compute_approx_lengths(self):
             return [min(s.num_tokens - self._start(s), max_len) for s in samples]
@@ -83,29 +84,34 @@ def make_dataset(data_dir: str | Path, samples: Sequence[Sample], max_len: int, 
         def _get_raw_data(self, index: int):
             s = samples[index]
             path = layout.hidden_path(data_dir, s.index)
-            t = load_file(str(path))
-            if t["token_ids"].tolist() != s.input_ids:
-                raise DataError(f"{path}: token_ids differ from sample {s.index}")
-            check_finite_shard(path, t["hidden_states"])
             a = self._start(s)
-            hs = t["hidden_states"][a:]
+            b = min(s.num_tokens, a + max_len)  # rows past max_len are never read
+            with safe_open(str(path), framework="pt") as fh:
+                ids = fh.get_slice("token_ids")[:]
+                hs = fh.get_slice("hidden_states")[a:b]
+            expected = layout.with_tokens(data_dir, s).input_ids
+            if not torch.equal(ids.long(), torch.tensor(expected, dtype=torch.long)):
+                raise DataError(f"{path}: token_ids differ from sample {s.index}")
+            check_finite_shard(path, hs, first_token=a)
             return {"hidden_states": hs[:, :-1].flatten(1),
-                    "input_ids": t["token_ids"][a:].long(),
+                    "input_ids": ids[a:b].long(),
                     "verifier_last_hidden_states": hs[:, -1],
-                    "loss_mask": torch.tensor(s.loss_mask[a:], dtype=torch.bool)}
+                    "loss_mask": torch.tensor(s.loss_mask[a:b], dtype=torch.bool)}
 
     return ShardDataset(max_len, hidden_states_dtype=dtype)
 
 
-def check_finite_shard(path: Path, hidden) -> None:
+def check_finite_shard(path: Path, hidden, first_token: int = 0) -> None:
     """Refuse a shard whose hidden states (the draft's inputs, or the last layer the
-    loss's targets come from) hold NaN or infinities."""
+    loss's targets come from) hold NaN or infinities. ``hidden`` holds the shard's rows
+    from ``first_token`` on (the rows a reader takes)."""
     import torch
 
     finite = torch.isfinite(hidden)
     if not bool(finite.all()):
         bad = (~finite).reshape(-1, hidden.shape[-1]).any(-1).reshape(hidden.shape[:-1])
         token, layer = (int(i) for i in torch.nonzero(bad)[0])
+        token += first_token
         what = "the last layer (the loss's targets)" if layer == hidden.shape[1] - 1 \
             else f"aux layer {layer}"
         raise DataError(f"{path}: hidden_states hold NaN or infinite values (token {token}, "
@@ -137,25 +143,35 @@ def check_train_data(data_dir: str | Path, target_cfg: dict, *, flag: str = "--d
     if not isinstance(ids, list) or len(ids) < 2 or not isinstance(cap.get("hidden_size"), int):
         raise DataError(f"{manifest}: capture section without layer_ids / hidden_size; run "
                         "`draft capture` again")
-    samples = layout.read_samples(data_dir)
+    samples = layout.read_samples(data_dir, tokens=False)
     if not any(layout.captured(data_dir, s, len(ids), cap["hidden_size"]) for s in samples):
         raise DataError(f"{flag} {data_dir}: no complete hidden-state shard (run `vllm-kimi-ext "
                         "draft capture` first)")
     return cap
 
 
-def make_loader(dataset, *, max_len: int, hidden_size: int, num_aux: int, dtype, seed: int):
+def make_sampler(dataset, max_len: int, seed: int, ranks=None):
+    """speculators' packing sampler: batches of <= ``max_len`` tokens, the same number
+    on every rank, each rank its own."""
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    return MultipackDistributedBatchSamplerV2(
+        batch_max_length=max_len, lengths=dataset.approx_lengths,
+        num_replicas=ranks.world if ranks else 1, rank=ranks.rank if ranks else 0, seed=seed)
+
+
+def make_loader(dataset, *, max_len: int, hidden_size: int, num_aux: int, dtype,
+                seed: int = TrainConfig.seed, batch_sampler=None, workers: int = 0):
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
-    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from torch.utils.data import DataLoader
 
-    sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=max_len, lengths=dataset.approx_lengths, num_replicas=1, rank=0,
-        seed=seed)
+    if batch_sampler is None:
+        batch_sampler = make_sampler(dataset, max_len, seed)
     collate = CollateFn(max_len, hidden_size, num_target_layers=num_aux, dtype=dtype,
                         preprocess=shift_batch)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
+    return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate,
+                      num_workers=workers, persistent_workers=False)
 
 
 def model_inputs(batch: dict, device) -> dict:
@@ -203,8 +219,10 @@ def draft_vocab(data_dir: str | Path, target_dir: str | Path, samples: Sequence[
     if size is None or size >= vocab:
         return None, None
     counts: Counter = Counter()
-    for s in samples:
-        counts.update(s.output_token_ids)
+    wanted = {s.index for s in samples}
+    for s in layout.iter_samples(data_dir):  # one at a time: the tokens the loss covers
+        if s.index in wanted:
+            counts.update(t for t, m in zip(s.input_ids, s.loss_mask) if m)
     forced = set()
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = tcfg.get(key)
@@ -221,6 +239,49 @@ def split_samples(samples: Sequence[Sample], holdout: Sequence[str] | None = Non
     """Samples whose prompt hash is not in ``holdout``."""
     held = set(holdout or ())
     return [s for s in samples if s.prompt_hash not in held]
+
+
+def truncation(samples: Sequence[Sample], max_len: int, prompt_context: int | None = None
+               ) -> dict:
+    """What ``max_len`` drops: samples cut, tokens dropped, and how many of those are
+    response tokens (loss terms lost). Counted before any work, so the run warns
+    first and records the counts."""
+    cut = dropped = loss_dropped = 0
+    for s in samples:
+        start = 0 if prompt_context is None else max(0, s.prompt_len - prompt_context)
+        # the kept window is [start, start + max_len); --prompt-context may drop
+        # earlier assistant turns of a conversation (loss tokens) before it
+        loss_dropped += s.num_loss_tokens - s.loss_tokens_after(start)
+        n = s.num_tokens - start
+        if n > max_len:
+            cut += 1
+            dropped += n - max_len
+            loss_dropped += s.loss_tokens_after(start + max_len)
+    return {"max_len": max_len, "samples_cut": cut, "samples": len(samples),
+            "tokens_dropped": dropped, "loss_tokens_dropped": loss_dropped,
+            "loss_tokens": sum(s.num_loss_tokens for s in samples)}
+
+
+def warn_truncation(counts: dict, flag: str, log=print) -> None:
+    if counts["samples_cut"]:
+        log(f"warning: {flag} {counts['max_len']} cuts {counts['samples_cut']} of "
+            f"{counts['samples']} samples: {counts['tokens_dropped']} tokens dropped, "
+            f"{counts['loss_tokens_dropped']} of {counts['loss_tokens']} response tokens "
+            f"not trained on (raise {flag} to keep them)")
+
+
+def run_settings(config: TrainConfig, *, data_dir, target_dir, init, samples, val,
+                 world: int, total: int, vocab) -> dict:
+    """The settings a checkpoint must share with the run resuming it."""
+    keep = ("lr", "warmup_ratio", "max_len", "prompt_context", "ttt_steps", "seed",
+            "val_fraction", "val_every", "patience")
+    digest = hashlib.sha256(json.dumps([[s.prompt_hash, s.num_tokens] for s in samples])
+                            .encode()).hexdigest()[:16]
+    return {**{k: getattr(config, k) for k in keep},
+            "data": str(Path(data_dir).resolve()), "target": str(Path(target_dir).resolve()),
+            "init": str(Path(init).resolve()) if init else None, "train_samples": digest,
+            "val_samples": len(val), "world_size": world, "total_steps": total,
+            "draft_vocab": vocab}
 
 
 def train(
@@ -240,8 +301,12 @@ def train(
 ) -> TrainResult:
     """Train (or fine-tune ``init``) a draft on ``data_dir``; export it to ``out_dir``.
 
-    Long because: the loop, its logging and the final export/doctor step read best
-    together; the data, model and loss pieces are the helpers above.
+    Under ``torchrun`` every rank runs this function (data parallel, see
+    :mod:`.runstate`); rank 0 writes checkpoints, the export and the doctor's
+    report, the other ranks return a result without them.
+
+    Long because: the loop, its checkpoints, validation and the final export/doctor
+    step read best together; the data, model and loss pieces are the helpers above.
     """
     import torch
     from tqdm import tqdm
@@ -251,12 +316,44 @@ def train(
     config = config or TrainConfig()
     options = options or bridge.DraftOptions()
     cap = capture_settings(data_dir)
-    samples = [s for s in split_samples(layout.read_samples(data_dir), holdout)
+    samples = [s for s in split_samples(layout.read_samples(data_dir, tokens=False), holdout)
                if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to train on")
+    samples, val_samples = runstate.split_validation(samples, config.val_fraction, config.seed)
+    if not samples:
+        raise DataError(f"--val-fraction {config.val_fraction} leaves no training samples")
+    if config.val_fraction and not val_samples:
+        raise DataError(f"--val-fraction {config.val_fraction} selects no conversation of "
+                        f"{len(samples)} for validation; raise it")
+    ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    if (config.checkpoint_every or config.resume) and ckpt_dir is None:
+        ckpt_dir = Path(f"{Path(out_dir)}.checkpoints")
+    ranks = runstate.setup_ranks(config.device)
+    try:
+        return _train(data_dir, target_dir, out_dir, init=init, samples=samples,
+                      val_samples=val_samples, ckpt_dir=ckpt_dir, ranks=ranks, cap=cap,
+                      draft_vocab_size=draft_vocab_size, draft_vocab_from=draft_vocab_from,
+                      config=config, options=options, progress=progress, log=log, force=force,
+                      tqdm=tqdm, torch=torch, schedule=get_cosine_schedule_with_warmup)
+    finally:
+        ranks.close()
+
+
+def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_dir, ranks,
+           cap, draft_vocab_size, draft_vocab_from, config, options, progress, log, force,
+           tqdm, torch, schedule) -> TrainResult:
+    """The body of :func:`train` once the ranks are set up.
+
+    Long because: the loop reads best in one piece with its resume, validation and
+    checkpoint points; each of those is a helper (:func:`_validate`,
+    :func:`_checkpoint`, :mod:`.runstate`)."""
+    if not ranks.is_main:
+        log = _quiet
     torch.manual_seed(config.seed)
-    device = resolve_device(config.device)
+    device = ranks.device
+    trunc = truncation(samples, config.max_len, config.prompt_context)
+    warn_truncation(trunc, "--max-len", log)
     t2d, d2t = draft_vocab(data_dir, target_dir, samples, size=draft_vocab_size,
                            from_dir=draft_vocab_from)
     model = bridge.build_draft(target_dir, cap["aux_layer_ids"], init=init, t2d=t2d, d2t=d2t,
@@ -267,67 +364,187 @@ def train(
                         f"tensor {bad} holds NaN or infinite values; nothing trained")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     dataset = make_dataset(data_dir, samples, config.max_len, dtype, config.prompt_context)
-    loader = make_loader(dataset, max_len=config.max_len, hidden_size=cap["hidden_size"],
-                         num_aux=len(cap["aux_layer_ids"]), dtype=dtype, seed=config.seed)
-    per_epoch = len(loader)
+    sampler = make_sampler(dataset, config.max_len, config.seed, ranks)
+    workers = config.loader_workers if config.loader_workers is not None else \
+        (2 if device.type == "cuda" else 0)
+
+    def loader_for(batch_sampler, ds):
+        return make_loader(ds, max_len=config.max_len, hidden_size=cap["hidden_size"],
+                           num_aux=len(cap["aux_layer_ids"]), dtype=dtype,
+                           batch_sampler=batch_sampler, workers=workers)
+
+    val_loader = None
+    if val_samples:
+        val_ds = make_dataset(data_dir, val_samples, config.max_len, dtype,
+                              config.prompt_context)
+        val_loader = loader_for(make_sampler(val_ds, config.max_len, config.seed, ranks),
+                                val_ds)
+        if not ranks.all_sum([len(val_loader)])[0]:
+            raise DataError(f"the validation split ({len(val_samples)} samples) makes no "
+                            f"batch for {ranks.world} ranks; raise --val-fraction")
+    per_epoch = len(sampler)
+    if per_epoch == 0:
+        raise DataError(f"{data_dir}: {len(samples)} training samples make no batch for "
+                        f"{ranks.world} ranks")
     total = config.max_steps if config.max_steps is not None else \
         max(1, math.ceil(per_epoch * config.epochs))  # max_steps 0: export the initialisation
+    val_every = config.val_every or per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr)
-    sched = get_cosine_schedule_with_warmup(opt, int(total * config.warmup_ratio), total)
+    sched = schedule(opt, int(total * config.warmup_ratio), total)
     lc = loss_config(device)
+    settings = run_settings(config, data_dir=data_dir, target_dir=target_dir, init=init,
+                            samples=samples, val=val_samples, world=ranks.world, total=total,
+                            vocab=int(model.config.draft_vocab_size))
+    st = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "losses": [], "tokens": 0,
+          "val": [], "best_loss": None, "best_step": None, "stale": 0, "stopped": None}
+    best_state = None
+    resumed_from = None
+    if ckpt_dir is not None and not config.resume and runstate.checkpoint_dirs(ckpt_dir):
+        raise DataError(f"{ckpt_dir}: holds checkpoints of an earlier run; pass --resume to "
+                        "continue it or choose another --checkpoint-dir")
+    if config.resume:
+        found = runstate.load_latest(ckpt_dir)
+        if found is None:
+            log(f"resume: no checkpoint in {ckpt_dir}; starting from the beginning")
+        else:
+            path, payload = found
+            runstate.check_same_run(payload["run"], settings, str(path))
+            runstate.load_trainable_state(model, payload["model"], str(path))
+            opt.load_state_dict(payload["optimizer"])
+            sched.load_state_dict(payload["scheduler"])
+            st = payload["loop"]
+            best_state = payload.get("best")
+            runstate.set_rng_state(payload["rng"][ranks.rank])
+            resumed_from = str(path)
+            log(f"resume: {path} (step {st['step']} of {total}, epoch {st['epoch']})")
+    ddp = runstate.wrap_data_parallel(model, ranks)
     log(f"train: {len(samples)} samples, {sum(s.num_tokens for s in samples)} tokens, "
-        f"{per_epoch} steps/epoch of <= {config.max_len} tokens, {total} steps on {device}; "
-        f"{sum(p.numel() for p in params)} trainable parameters, draft vocabulary "
-        f"{model.config.draft_vocab_size}, init {init or 'fresh'}")
-    model.train()
-    losses: list[float] = []
-    tokens, step, epoch = 0, 0, 0
-    bar = tqdm(total=total, desc="train", unit="step",
-               disable=None if progress is None else not progress)
+        f"{per_epoch} steps/epoch of <= {config.max_len} tokens per rank, {total} steps on "
+        f"{ranks.world} x {device}; {sum(p.numel() for p in params)} trainable parameters, "
+        f"draft vocabulary {model.config.draft_vocab_size}, init {init or 'fresh'}"
+        + (f"; validation: {len(val_samples)} samples" if val_samples else ""))
+    bar = tqdm(total=total, initial=st["step"], desc="train", unit="step",
+               disable=(not ranks.is_main) or (None if progress is None else not progress))
     t0 = time.perf_counter()
-    while step < total:
-        loader.batch_sampler.set_epoch(epoch)
+    while st["step"] < total and st["stopped"] is None:
+        sampler.set_epoch(st["epoch"])
+        loader = loader_for(runstate.SkipBatches(sampler, st["batch_in_epoch"]), dataset)
         for batch in loader:
+            model.train()
             inputs = model_inputs(batch, device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                _, loss, _ = model(**inputs, ttt_steps=config.ttt_steps, loss_config=lc)
-            losses.append(float(loss.detach()))
-            if not math.isfinite(losses[-1]):
-                raise DataError(f"step {step + 1} of {total}: the loss is {losses[-1]}; "
-                                "training stopped and nothing was exported (lower --lr, or "
-                                "check the data)")
+                _, loss, _ = ddp(**inputs, ttt_steps=config.ttt_steps, loss_config=lc)
+            # every rank sees the summed loss, so a non-finite one on any rank stops all
+            mean_loss, ntok = ranks.all_sum([float(loss.detach()),
+                                             int((batch["document_ids"] != -1).sum())])
+            if not math.isfinite(mean_loss):
+                raise DataError(f"step {st['step'] + 1} of {total}: the loss is "
+                                f"{mean_loss / ranks.world}; training stopped and nothing was "
+                                "exported (lower --lr, or check the data)")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            tokens += int((batch["document_ids"] != -1).sum())
-            step += 1
+            st["losses"].append(mean_loss / ranks.world)
+            st["tokens"] += int(ntok)
+            st["step"] += 1
+            st["batch_in_epoch"] += 1
             bar.update(1)
-            if config.log_every and step % config.log_every == 0:
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            if step >= total:
+            if config.log_every and st["step"] % config.log_every == 0:
+                bar.set_postfix(loss=f"{st['losses'][-1]:.3f}")
+            if val_loader is not None and (st["step"] % val_every == 0 or st["step"] >= total):
+                best_state = _validate(model, val_loader, ranks, lc, config, st, best_state,
+                                       log)
+            if config.checkpoint_every and st["step"] % config.checkpoint_every == 0 \
+                    and st["step"] < total:
+                _checkpoint(ckpt_dir, model, opt, sched, st, best_state, settings, ranks, log)
+            if st["step"] >= total or st["stopped"] is not None:
                 break
-        epoch += 1
+        else:
+            st["epoch"] += 1
+            st["batch_in_epoch"] = 0
     bar.close()
     seconds = time.perf_counter() - t0
-    bad = first_non_finite(model)
+    if best_state is not None:
+        runstate.load_trainable_state(model, best_state, "best validation state")
+    bad = first_non_finite(model)  # the same weights on every rank: all stop together
     if bad is not None:
-        raise DataError(f"after step {step}: tensor {bad} holds NaN or infinite values; "
+        raise DataError(f"after step {st['step']}: tensor {bad} holds NaN or infinite values; "
                         "nothing was exported (lower --lr, or check the data)")
+    if not ranks.is_main:
+        ranks.barrier()
+        return TrainResult(Path(out_dir), st["step"], st["losses"], st["tokens"], seconds,
+                           str(device), {"ok": True, "rank": ranks.rank})
     record = {"data": str(data_dir), "target": str(target_dir), "init": str(init or "fresh"),
               "config": dataclasses.asdict(config), "options": dataclasses.asdict(options),
-              "samples": len(samples), "steps": step, "tokens": tokens,
+              "samples": len(samples), "val_samples": len(val_samples),
+              "world_size": ranks.world, "steps": st["step"], "tokens": st["tokens"],
               "seconds": round(seconds, 3), "device": str(device),
-              "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
-              "losses": [round(x, 5) for x in losses], "library": _library_version()}
+              "tokens_per_s": round(st["tokens"] / seconds, 3) if seconds else None,
+              "losses": [round(x, 5) for x in st["losses"]],
+              "validation": st["val"], "best_step": st["best_step"],
+              "stopped_early": st["stopped"], "resumed_from": resumed_from,
+              "truncation": trunc, "library": _library_version()}
     out = export_atomically(model.cpu(), target_dir, out_dir, record, force=force)
     from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     report = diagnose(target_dir, out, method="eagle3")
     log(report.format_text())
-    return TrainResult(out, step, losses, tokens, seconds, str(device), report.to_dict())
+    ranks.barrier()
+    return TrainResult(out, st["step"], st["losses"], st["tokens"], seconds, str(device),
+                       report.to_dict())
+
+
+def _quiet(_msg: str) -> None:
+    return None
+
+
+def _validate(model, loader, ranks, lc, config, st, best_state, log):
+    """Mean validation loss over every rank's batches; track the best state and
+    early stopping. Returns the (possibly new) best state."""
+    import torch
+
+    model.eval()
+    total = n = 0.0
+    with torch.no_grad():
+        for batch in loader:
+            inputs = model_inputs(batch, ranks.device)
+            with torch.autocast(ranks.device.type, dtype=torch.bfloat16,
+                                enabled=ranks.device.type == "cuda"):
+                _, loss, _ = model(**inputs, ttt_steps=config.ttt_steps, loss_config=lc)
+            total += float(loss)
+            n += 1
+    total, n = ranks.all_sum([total, n])
+    val = total / n
+    st["val"].append([st["step"], round(val, 6)])
+    if st["best_loss"] is None or val < st["best_loss"]:
+        st["best_loss"], st["best_step"], st["stale"] = val, st["step"], 0
+        best_state = runstate.trainable_state(model)
+    else:
+        st["stale"] += 1
+    log(f"validation at step {st['step']}: loss {val:.4f} (best {st['best_loss']:.4f} at "
+        f"step {st['best_step']})")
+    if config.patience and st["stale"] >= config.patience:
+        st["stopped"] = st["step"]
+        log(f"early stop at step {st['step']}: no validation improvement in "
+            f"{config.patience} checks; keeping step {st['best_step']}")
+    return best_state
+
+
+def _checkpoint(ckpt_dir, model, opt, sched, st, best_state, settings, ranks, log):
+    """Every rank hands over its RNG state; rank 0 writes the checkpoint."""
+    import copy
+
+    rngs = ranks.gather(runstate.rng_state())
+    if ranks.is_main:
+        payload = {"run": settings, "model": runstate.trainable_state(model),
+                   "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                   "loop": copy.deepcopy(st), "best": best_state, "rng": rngs}
+        path = runstate.save_checkpoint(ckpt_dir, st["step"], payload)
+        log(f"checkpoint: {path}")
+    ranks.barrier()
 
 
 def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record: dict, *,
@@ -341,7 +558,7 @@ def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record
 
     def write(tmp: Path) -> None:
         bridge.export_flat(model, target_dir, tmp)
-        (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+        (tmp / "training.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
 
     def exists(path: Path) -> Exception:
         return DataError(f"--out {path}: exists and is not empty; pass --force to replace it")
@@ -374,15 +591,20 @@ def write_speculators_dataset(data_dir: str | Path) -> Path:
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    samples = layout.read_samples(data_dir)
+    samples = layout.read_samples(data_dir, tokens=False)
     if [s.index for s in samples] != list(range(len(samples))):
         raise DataError(f"{data_dir}: sample indices are not 0..n-1; speculators reads "
                         "row i from hs_i.safetensors")
-    table = pa.table({
-        "input_ids": pa.array([s.input_ids for s in samples], type=pa.list_(pa.int64())),
-        "loss_mask": pa.array([[bool(m) for m in s.loss_mask] for s in samples],
-                              type=pa.list_(pa.bool_())),
-        "seq_len": pa.array([s.num_tokens for s in samples], type=pa.int64())})
+    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.bool_())),
+                        ("seq_len", pa.int64())])
+    batches = []
+    for start in range(0, len(samples), 1024):  # Python lists for 1024 samples at a time
+        chunk = [layout.with_tokens(data_dir, s) for s in samples[start:start + 1024]]
+        batches.append(pa.record_batch([
+            pa.array([s.input_ids for s in chunk], type=pa.list_(pa.int64())),
+            pa.array([[bool(m) for m in s.loss_mask] for s in chunk], type=pa.list_(pa.bool_())),
+            pa.array([s.num_tokens for s in chunk], type=pa.int64())], schema=schema))
+    table = pa.Table.from_batches(batches, schema=schema)
     # an explicit fingerprint: datasets' own (a pickle of the table) fails on some
     # pyarrow/dill combinations
     digest = hashlib.sha256((Path(data_dir) / layout.SAMPLES).read_bytes()).hexdigest()[:16]

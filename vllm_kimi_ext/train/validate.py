@@ -113,8 +113,10 @@ NUMBERS: dict[str, dict[str, Num]] = {
         "max_steps": Num(int, 0, note="unset: --epochs decides; 0 exports --init as is"),
         "lr": Num(float, 0, 1, lo_open=True), "max_len": Num(int, 2), "prompt_context":
         Num(int, 0), "ttt_steps": Num(int, 1, 64), "seed": _SEED, "holdout_every": _HOLDOUT,
+        "checkpoint_every": _COUNT, "val_fraction": Num(float, 0, 0.5), "val_every": _COUNT,
+        "patience": _COUNT, "loader_workers": Num(int, 0, 64),
     },
-    "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT},
+    "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT, "max_len": Num(int, 2)},
     "bill": {
         "prompts": _COUNT, "gain_fraction": Num(float, 0, 1, lo_open=True, hi_open=True),
         "n_half": _POSITIVE, "prompt_tokens": _POSITIVE, "response_tokens": _POSITIVE,
@@ -501,6 +503,7 @@ def _check_train(args: Any) -> None:
 
 def _check_eval(args: Any) -> None:
     _remote_code(("target", "draft"))(args)
+    check_device(_given(args, "device"))
     cfg = target_config("--target", args.target)
     from .trainer import check_train_data
 
@@ -513,6 +516,23 @@ def _eval_usage(args: Any) -> None:
                          "held out)", field="--split")
     if len(set(map(str, args.draft))) != len(args.draft):
         raise UsageError("--draft: the same draft is given twice", field="--draft")
+
+
+def _train_usage(args: Any) -> None:
+    """The long-run flags: validation settings need a split, a checkpoint folder needs
+    checkpoints (or ``--resume``) and must be a folder."""
+    if (_given(args, "val_every") or _given(args, "patience")) and \
+            not _given(args, "val_fraction"):
+        flag = "--val-every" if _given(args, "val_every") else "--patience"
+        raise UsageError(f"{flag} needs --val-fraction (a validation split)",
+                         field=flag, expected="--val-fraction > 0")
+    ckpt = _given(args, "checkpoint_dir")
+    if ckpt and not (_given(args, "checkpoint_every") or _given(args, "resume")):
+        raise UsageError("--checkpoint-dir needs --checkpoint-every or --resume",
+                         field="--checkpoint-dir", expected="--checkpoint-every N")
+    if ckpt and Path(ckpt).exists() and not Path(ckpt).is_dir():
+        raise UsageError(f"--checkpoint-dir {ckpt}: is a file, expected a folder",
+                         field="--checkpoint-dir", expected="a folder")
 
 
 def _bill_usage(args: Any) -> None:
@@ -532,6 +552,7 @@ def _bill_usage(args: Any) -> None:
 USAGE: dict[str, tuple[Callable[[Any], None], ...]] = {
     "regenerate": (lambda a: _one_of(a, "server", "hf_model"),),
     "capture": (lambda a: _one_of(a, "vllm_target", "hf_model"),),
+    "train": (_train_usage,),
     "eval": (_eval_usage,),
     "bill": (_bill_usage,),
 }
