@@ -20,6 +20,9 @@ def test_capture_checks_free_space_unless_told_not_to(tmp_path, monkeypatch, cap
         seen.update(kwargs)
         return {"layer_ids": [0], "dtype": "bfloat16", "disk_bytes": 0, "measured": {}}
 
+    # the input checks have their own tests (test_bad_input_train.py); this one is about
+    # what run_capture passes on once they pass
+    monkeypatch.setattr(train_cli, "check_args", lambda *_a, **_k: None)
     monkeypatch.setattr(train_cli, "load_hf", lambda *_a, **_k: (object(), None))
     monkeypatch.setattr(capture_mod, "TransformersCapture", lambda *a, **k: object())
     monkeypatch.setattr(capture_mod, "capture", fake_capture)
