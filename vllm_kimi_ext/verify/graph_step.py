@@ -521,13 +521,9 @@ def escalate(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, merged
     from .reference import scale_logits
 
     t = inp.temperature[idx]
-    if backend == "triton":
-        from . import _graph_kernels as gk
-
-        thr, tie, margin = gk.exact_cut_rows(full, t, inp.min_p[idx], inp.top_p[idx], real)
-    else:
-        thr, tie, margin = exact_cut(scale_logits(full, t), inp.top_k[idx], inp.min_p[idx],
-                                     inp.top_p[idx])
+    # probabilistic drafts (and the torch backend): the whole-row cut by a sort
+    thr, tie, margin = exact_cut(scale_logits(full, t), inp.top_k[idx], inp.min_p[idx],
+                                 inp.top_p[idx])
     st = shard_local_stats(full, t, thr, inp.draft[idx], inp.seeds[idx], inp.positions[idx], 0,
                            vocab_size, exclude_draft=q_full is None, backend=backend, width=4,
                            tie_col=tie)
