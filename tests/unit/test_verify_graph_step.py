@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import vllm_kimi_ext.verify.graph_step as gs
+from testkit.verify_cases import random_top_p_batch, shaped_logits
 from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step, simulate_graph_step
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
@@ -33,41 +34,6 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 V = 211
 KINDS = ["random", "ties", "flat", "coarse"]
 MIXES = ["top_p", "top_p_top_k", "top_p_min_p", "mixed"]
-
-
-def _batch(g, n, mix, k=3):
-    drafts = torch.randint(0, V, (n, k), generator=g)
-    temps = torch.where(torch.rand(n, generator=g) < 0.15, 0.0,
-                        torch.rand(n, generator=g) * 1.4 + 0.3)
-    top_p = torch.where(torch.rand(n, generator=g) < 0.85,
-                        torch.rand(n, generator=g) * 0.97 + 0.02, 1.0)
-    top_k = min_p = None
-    if mix in ("top_p_top_k", "mixed"):
-        top_k = torch.where(torch.rand(n, generator=g) < 0.5,
-                            torch.randint(1, V // 2, (n,), generator=g), 0)
-    if mix in ("top_p_min_p", "mixed"):
-        min_p = torch.where(torch.rand(n, generator=g) < 0.5, torch.rand(n, generator=g) * 0.2,
-                            0.0)
-    seeds = torch.randint(-(2**62), 2**62, (n,), generator=g)
-    return VerifyBatch.from_draft_tokens(drafts, temps, seeds, top_k=top_k, min_p=min_p,
-                                         top_p=top_p)
-
-
-def _logits(g, b, kind):
-    n = b.num_rows
-    if kind == "random":
-        z = torch.randn(n, V, generator=g) * 3
-    elif kind == "ties":
-        z = (torch.randn(n, V, generator=g) * 2).round(decimals=1).to(torch.bfloat16)
-    elif kind == "flat":
-        z = torch.randn(n, V, generator=g) * 0.3
-    else:
-        z = torch.randint(0, 4, (n, V), generator=g).float()
-    d = b.layout().draft
-    hit = (d >= 0) & (torch.rand(n, generator=g) < 0.5)
-    rows = hit.nonzero().squeeze(1)
-    z[rows, d[rows]] = (z[rows].float().max(dim=1).values + 1.0).to(z.dtype)
-    return z
 
 
 def _plan_matches_calls(group, plan):
@@ -81,8 +47,8 @@ def _plan_matches_calls(group, plan):
 @pytest.mark.parametrize("mix", MIXES)
 def test_graph_step_equals_reference(tp, kind, mix):
     g = torch.Generator().manual_seed(1000 * tp + 10 * KINDS.index(kind) + MIXES.index(mix))
-    b = _batch(g, 40, mix)
-    z = _logits(g, b, kind)
+    b = random_top_p_batch(g, 40, V, mix)
+    z = shaped_logits(g, b, V, kind)
     _, group, plan, _ = check_graph_step(z, b, V, tp)
     _plan_matches_calls(group, plan)
     out, group, plan, stopped = check_graph_step(z, b, V, tp, candidates=2)
@@ -119,8 +85,8 @@ def test_deferral_runs_and_stops_after_an_accepted_draft():
 def test_probabilistic_drafts():
     g = torch.Generator().manual_seed(3)
     for tp in (2, 4):
-        b = _batch(g, 40, "mixed")
-        z = _logits(g, b, "random")
+        b = random_top_p_batch(g, 40, V, "mixed")
+        z = shaped_logits(g, b, V, "random")
         q = torch.softmax(torch.randn(b.num_rows, V, generator=g) * 2, dim=1)
         _, group, plan, _ = check_graph_step(z, b, V, tp, q)
         assert plan.residual_round
@@ -209,8 +175,8 @@ def test_top_p_boundary_needs_the_float64_shard_lse(monkeypatch):
 # --- planted bugs ------------------------------------------------------------------
 def _flat_case(seed):
     g = torch.Generator().manual_seed(seed)
-    b = _batch(g, 40, "top_p")
-    return b, _logits(g, b, "flat")
+    b = random_top_p_batch(g, 40, V, "top_p")
+    return b, shaped_logits(g, b, V, "flat")
 
 
 def test_planted_lax_certificate_fails(monkeypatch):
@@ -290,7 +256,7 @@ def test_stats_only_plans(tp, temps):
                               torch.rand(n, generator=g) + 0.3)}[temps]
     b = VerifyBatch.from_draft_tokens(torch.randint(0, V, (n, 3), generator=g), t,
                                       torch.arange(n))
-    z = _logits(g, b, "random")
+    z = shaped_logits(g, b, V, "random")
     _, group, plan, _ = check_graph_step(z, b, V, tp)
     assert plan.stats_only and len(plan.rounds) == 1
     assert plan.round1_width == (2 if temps == "greedy" else 4)

@@ -22,6 +22,8 @@ import torch
 
 import vllm_kimi_ext.verify.cuts as cuts
 import vllm_kimi_ext.verify.sharded as sharded
+from testkit.verify_cases import random_top_p_batch as _batch
+from testkit.verify_cases import shaped_logits as _logits
 from testkit.verify_equivalence import assert_equivalent
 from testkit.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import BatchModes, ReferenceVerifier, VerifyBatch, comm_plan
@@ -106,44 +108,6 @@ def test_invalid_top_p_is_refused():
 
 
 # --- sharded == reference ---------------------------------------------------------
-def _batch(g, n, V, mix: str):
-    drafts = torch.randint(0, V, (n, 3), generator=g)
-    temps = torch.where(torch.rand(n, generator=g) < 0.15, 0.0,
-                        torch.rand(n, generator=g) * 1.4 + 0.3)
-    top_p = torch.where(torch.rand(n, generator=g) < 0.85,
-                        torch.rand(n, generator=g) * 0.97 + 0.02, 1.0)
-    top_k = min_p = None
-    if mix in ("top_p_top_k", "mixed"):
-        top_k = torch.where(torch.rand(n, generator=g) < 0.5,
-                            torch.randint(1, V // 2, (n,), generator=g), 0)
-    if mix in ("top_p_min_p", "mixed"):
-        min_p = torch.where(torch.rand(n, generator=g) < 0.5,
-                            torch.rand(n, generator=g) * 0.2, 0.0)
-    seeds = torch.randint(-(2**62), 2**62, (n,), generator=g)
-    return VerifyBatch.from_draft_tokens(drafts, temps, seeds, top_k=top_k, min_p=min_p,
-                                         top_p=top_p)
-
-
-def _logits(g, batch, V, kind: str):
-    n = batch.num_rows
-    if kind == "random":
-        z = torch.randn(n, V, generator=g) * 3
-    elif kind == "ties":  # bf16 rounding of a coarse grid: tied values at most cuts
-        z = (torch.randn(n, V, generator=g) * 2).round(decimals=1).to(torch.bfloat16)
-    elif kind == "flat":  # large nuclei: the first round rarely certifies the cut
-        z = torch.randn(n, V, generator=g) * 0.3
-    elif kind == "coarse":  # four values: the cut splits a tie group of ~50 tokens
-        z = torch.randint(0, 4, (n, V), generator=g).float()
-    else:
-        raise KeyError(kind)
-    L = batch.layout()
-    d = L.draft
-    hit = (d >= 0) & (torch.rand(n, generator=g) < 0.5)
-    rows = hit.nonzero().squeeze(1)
-    z[rows, d[rows]] = (z[rows].float().max(dim=1).values + 1.0).to(z.dtype)
-    return z
-
-
 def _check(z, b, V, tp, q=None, **kw):
     ref = ReferenceVerifier(V).verify(z, b, q)
     out, group, outs = simulate_sharded_verify(z, b, tp, V, q, pad_value=1e30, **kw)

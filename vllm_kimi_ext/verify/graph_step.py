@@ -63,7 +63,7 @@ from .cuts import LSE_COLUMNS, join_float64, local_top, split_float64
 from .hashing import DOMAIN_GUMBEL, element_hash, gumbel_from_bits, row_keys
 from .kernels import merge_argmax, shard_local_stats, triton_available
 from .reference import exclusive_cumsum, min_p_threshold, nucleus_margin, residual_log_weights
-from .sharded import MAX_EXACT_FLOAT_ID, AllGather
+from .sharded import AllGather, ShardedRank
 
 NEG_INF = float("-inf")
 
@@ -584,7 +584,7 @@ def decide_merged_torch(merged: Merged, deferred: torch.Tensor, inp: StepInputs,
     n_acc = torch.cumprod(acc.long(), dim=1).sum(dim=1)
     drow = inp.cu_num_rows[:-1] + n_acc
     stopped = deferred[drow.clamp(max=max(R - 1, 0))] & (n_acc < lens)
-    tok = torch.where(greedy[drow], merged.gidx[drow], merged.gidx[drow])
+    tok = merged.gidx[drow]  # argmax on greedy rows, the Gumbel-max on sampling rows
     if plan.probabilistic:
         use_res = (merged.res_tok[drow] >= 0) & valid[drow] & ~greedy[drow]
         tok = torch.where(use_res, merged.res_tok[drow], tok)
@@ -602,7 +602,7 @@ def decide_merged_torch(merged: Merged, deferred: torch.Tensor, inp: StepInputs,
 # ---------------------------------------------------------------------------
 # the step
 # ---------------------------------------------------------------------------
-class GraphVerifyStep:
+class GraphVerifyStep(ShardedRank):
     """The per-rank verification step (see the module docstring).
 
     ``all_gather(t [rows, n]) -> [TP, rows, n]`` (any dtype). ``backend``:
@@ -613,24 +613,12 @@ class GraphVerifyStep:
 
     def __init__(self, vocab_size: int, tp_size: int, rank: int, all_gather: AllGather,
                  shard_width: int | None = None, backend: str = "auto"):
-        if vocab_size >= MAX_EXACT_FLOAT_ID:
-            raise ValueError("token ids are exchanged as float32: vocab must be < 2**24")
-        self.vocab_size = int(vocab_size)
-        self.tp_size = int(tp_size)
-        self.rank = int(rank)
-        self.all_gather = all_gather
-        self.shard_width = int(shard_width) if shard_width else -(-self.vocab_size // self.tp_size)
-        if self.shard_width * self.tp_size < self.vocab_size:
-            raise ValueError("shards do not cover the vocabulary")
-        self.col_offset = self.rank * self.shard_width
-        self.backend = backend
+        super().__init__(vocab_size, tp_size, rank, all_gather, shard_width, backend)
         self._rank_valid: dict[torch.device, torch.Tensor] = {}
 
     def rank_valid(self, device: torch.device) -> torch.Tensor:
         if device not in self._rank_valid:
-            valid = [max(0, min(self.shard_width, self.vocab_size - r * self.shard_width))
-                     for r in range(self.tp_size)]
-            self._rank_valid[device] = torch.tensor(valid, device=device)
+            self._rank_valid[device] = torch.tensor(self.shard_lengths(), device=device)
         return self._rank_valid[device]
 
     def plan(self, L: RowLayout, probabilistic: bool = False, logits_bytes: int = 2,

@@ -259,7 +259,32 @@ def full_gather_bytes_per_row(vocab_size: int, dtype_bytes: int = 2) -> int:
 # ---------------------------------------------------------------------------
 # verifier
 # ---------------------------------------------------------------------------
-class VocabShardedVerifier:
+class ShardedRank:
+    """One rank of a vocabulary-sharded group: the vocabulary, the group size, this rank's
+    shard (``shard_width`` columns from ``col_offset``) and the ``all_gather`` of the group.
+    Shared by :class:`VocabShardedVerifier` and the graph step."""
+
+    def __init__(self, vocab_size: int, tp_size: int, rank: int, all_gather: AllGather,
+                 shard_width: int | None = None, backend: str = "auto"):
+        if vocab_size >= MAX_EXACT_FLOAT_ID:
+            raise ValueError("token ids are exchanged as float32: vocab must be < 2**24")
+        self.vocab_size = int(vocab_size)
+        self.tp_size = int(tp_size)
+        self.rank = int(rank)
+        self.all_gather = all_gather
+        self.shard_width = int(shard_width) if shard_width else -(-self.vocab_size // self.tp_size)
+        if self.shard_width * self.tp_size < self.vocab_size:
+            raise ValueError("shards do not cover the vocabulary")
+        self.col_offset = self.rank * self.shard_width
+        self.backend = backend
+
+    def shard_lengths(self) -> list[int]:
+        """Valid (non-padding) columns of each rank's shard, in rank order."""
+        S, V = self.shard_width, self.vocab_size
+        return [max(0, min(S, V - r * S)) for r in range(self.tp_size)]
+
+
+class VocabShardedVerifier(ShardedRank):
     """Verification on one rank that holds a vocabulary shard of the target logits."""
 
     def __init__(
@@ -273,17 +298,7 @@ class VocabShardedVerifier:
         top_p_width: int | None = None,
         top_p_escalation: tuple[int, ...] = DEFAULT_TOP_P_ESCALATION,
     ):
-        if vocab_size >= MAX_EXACT_FLOAT_ID:
-            raise ValueError("token ids are exchanged as float32: vocab must be < 2**24")
-        self.vocab_size = int(vocab_size)
-        self.tp_size = int(tp_size)
-        self.rank = int(rank)
-        self.all_gather = all_gather
-        self.shard_width = int(shard_width) if shard_width else -(-self.vocab_size // self.tp_size)
-        if self.shard_width * self.tp_size < self.vocab_size:
-            raise ValueError("shards do not cover the vocabulary")
-        self.col_offset = self.rank * self.shard_width
-        self.backend = backend
+        super().__init__(vocab_size, tp_size, rank, all_gather, shard_width, backend)
         if top_p_width is not None and (top_p_width < 1 or any(
                 w <= top_p_width for w in top_p_escalation)):
             raise ValueError("top_p_width must be >= 1 and every escalation width larger")
@@ -298,9 +313,7 @@ class VocabShardedVerifier:
         #: ``top_p_round_<width>`` (rows repeated at that width; the shard width is
         #: the full-row fallback).
         self.escalations: Counter[str] = Counter()
-        valid = [max(0, min(self.shard_width, self.vocab_size - r * self.shard_width))
-                 for r in range(self.tp_size)]
-        self._n_valid = torch.tensor(valid)
+        self._n_valid = torch.tensor(self.shard_lengths())
 
     # --- hooks (overridden by the deliberately wrong verifiers of the tests) ---
     def _owner_accept_numerator(self, s_x, logq_x):
