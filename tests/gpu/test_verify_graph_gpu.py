@@ -124,3 +124,44 @@ def test_uncertified_cut_inside_a_captured_graph():
     check_graph_step(z, b, V, TP, backend="triton", candidates=4)
     out = _capture_and_compare(b, z, candidates=4)
     assert bool(out.uncertified.any())
+
+
+def _tied_case(n, seed, top_p, min_p):
+    """Logits on a 0.25 grid: thousands of tokens share each value, so nucleus cuts land
+    inside long ties (kept in id order) and chunks of the split escalation hold several
+    tie runs; a draft is often placed at the cut's value."""
+    g = torch.Generator().manual_seed(seed)
+    drafts = torch.randint(0, V, (n, 3), generator=g)
+    b = VerifyBatch.from_draft_tokens(drafts, [1.0] * n, torch.arange(n) * 31 + seed,
+                                      top_p=[top_p] * n, min_p=[min_p] * n, device="cuda")
+    z = (torch.randint(-24, 4, (b.num_rows, V), generator=g) * 0.25).to(torch.bfloat16)
+    z[:, :4] = 2.0  # a few tokens on top
+    return b, z.cuda()
+
+
+@pytest.mark.parametrize("top_p,min_p", [(0.9, 0.0), (0.95, 0.05), (1.0, 0.02), (0.5, 0.0)])
+def test_split_escalation_cuts_inside_ties_and_leaves_scratch_zeroed(top_p, min_p):
+    """The split bf16 escalation (histogram walk + tied tokens in id order) equals the
+    reference with every cut uncertified (4 candidates per rank), inside and outside a
+    captured graph, and every rank's persistent histogram, highest key and counters are
+    zero again after the step (the next step relies on it)."""
+    from testkit.verify_graph_sim import simulate_graph_step
+
+    b, z = _tied_case(12, 21, top_p, min_p)
+    out, _, _, _ = check_graph_step(z, b, V, TP, backend="triton", candidates=4)
+    assert bool(out.uncertified.any())
+    captured = []
+
+    class Step(GraphVerifyStep):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            captured.append(self)
+
+    simulate_graph_step(z, b, TP, V, backend="triton", candidates=4, step_cls=Step)
+    stores = [s._escalation_scratch for s in captured]
+    assert len(stores) == TP and all(str(z.device) in st for st in stores)
+    for st in stores:
+        sc = st[str(z.device)]
+        for name in ("hist", "top", "done"):
+            assert int(sc[name].abs().sum()) == 0, f"{name} not left zeroed"
+    _capture_and_compare(b, z, candidates=4)

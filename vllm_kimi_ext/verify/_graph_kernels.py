@@ -27,6 +27,9 @@ from ._triton_kernels import _LAUNCH_LOCK, _draft_col, _element_hash, _gumbel, _
 from .hashing import DOMAIN_ACCEPT, DOMAIN_GUMBEL
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
+#: Launch shapes (measured on an H200: ``bench/kernels/bench_verify_graph.py``).
+TUNE = {"split_small": 2048, "split_large": 2048, "small_rows": 16, "cand_warps": 8,
+        "cand_merge_warps": 16, "merge_warps": 16}
 _DOM_ACCEPT = tl.constexpr(DOMAIN_ACCEPT)
 _SENT = tl.constexpr(-(2**63) + 1)
 
@@ -34,6 +37,7 @@ _SENT = tl.constexpr(-(2**63) + 1)
 @triton.jit
 def _key(s, gid):
     bits = s.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 sorts as +0.0 (equal values)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     return ordered.to(tl.int64) * 4294967296 + (2147483647 - gid.to(tl.int64))
 
@@ -54,6 +58,7 @@ def _key16(z, col):
     """int32 key of bf16 logits ``z`` at local column ``col`` (< 65536): the order of
     ``z / T`` is the order of ``z`` for T > 0 (distinct bf16 values stay distinct)."""
     b = z.to(tl.int16, bitcast=True).to(tl.int32)
+    b = tl.where(b == -32768, 0, b)  # -0.0 sorts as +0.0
     ordered = b ^ ((b >> 15) & 0x7FFF)
     return ordered * 65536 + (65535 - col)
 
@@ -187,7 +192,8 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
         logits_shard = logits_shard.contiguous()
     W = plan.candidates
     # small batches: more, narrower splits (fill the SMs); large: fewer top-k selections
-    C = max(1024 if R <= 16 else 2048, triton.next_power_of_2(max(W, 1)))
+    C = max(TUNE["split_small"] if R <= TUNE["small_rows"] else TUNE["split_large"],
+            triton.next_power_of_2(max(W, 1)))
     nsplit = max(1, -(-max(n_valid, 1) // C))
     KP = triton.next_power_of_2(max(W, 1))
     PK = max(triton.next_power_of_2(max(nsplit * W, 1)), KP)
@@ -205,12 +211,14 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
         _cand_kernel[(R, nsplit)](logits_shard, logits_shard.stride(0), temp, draft,
                                   inp.seeds.contiguous(), inp.positions.contiguous(),
                                   pk, pm, pse, pgv, pgi, n_valid, col_offset, nsplit,
-                                  EXCLUDE=exclude, C=C, W=W, KP=KP, K16=k16, num_warps=8)
+                                  EXCLUDE=exclude, C=C, W=W, KP=KP, K16=k16,
+                                  num_warps=TUNE["cand_warps"])
     with _LAUNCH_LOCK:
         _cand_merge_kernel[(R,)](logits_shard, logits_shard.stride(0), temp, draft,
                                  pk, pm, pse, pgv, pgi, out, out.stride(0), n_valid, col_offset,
                                  nsplit, PSPLIT=triton.next_power_of_2(nsplit),
-                                 PK=PK, W=W, KP=KP, K16=k16, num_warps=8)
+                                 PK=PK, W=W, KP=KP, K16=k16,
+                                 num_warps=TUNE["cand_merge_warps"])
     if q_full is not None:
         from .graph_step import _logq_at
 
@@ -221,7 +229,7 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
 @triton.jit
 def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
                   temp_ptr, topk_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
-                  gval_ptr, gidx_ptr, lse_ptr, sx_ptr, unc_ptr, margin_ptr,
+                  gval_ptr, gidx_ptr, lse_ptr, sx_ptr, unc_ptr, margin_ptr, rmax_ptr,
                   TP: tl.constexpr, PTP: tl.constexpr, W: tl.constexpr, PN: tl.constexpr):
     """Long because: one program per row fuses the statistics merge, the candidate sort, the
     exact-prefix certificate, the min-p / top-k / top-p cut and the kept set's decisions into
@@ -256,6 +264,7 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
     out_sx = sxm
     unc = tl.full((), 0, tl.int32)
     margin = tl.full((), float("nan"), tl.float64)
+    rmax = tl.full((), float("-inf"), tl.float32)
     if has_cut:
         offs = tl.arange(0, PN)
         r = offs // W
@@ -269,15 +278,16 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
         sv, sid = _unkey(skeys)
         pos = offs
         finite = sv > float("-inf")
-        # exact prefix: up to the first full rank's last sent entry
-        exact_len = TP * W + 1
+        # a full rank's last sent entry at sorted position p: the order is exact up to p
+        last_full = offs < 0
         for rr in tl.static_range(TP):
             lv = tl.load(g_ptr + rr * rank_stride + row * row_stride + 5 + W - 1)
             lg = tl.load(g_ptr + rr * rank_stride + row * row_stride + 5 + 2 * W - 1).to(tl.int64)
             full = (lv > float("-inf")) & (W < tl.load(rank_valid_ptr + rr))
-            cnt = tl.sum((skeys >= _key(lv, lg)).to(tl.int32), axis=0)
-            exact_len = tl.where(full, tl.minimum(exact_len, cnt), exact_len)
+            last_full = tl.where(full, last_full | (skeys == _key(lv, lg)), last_full)
+        exact_len = tl.min(tl.where(last_full, pos + 1, TP * W + 1), axis=0)
         top = tl.max(sv, axis=0)
+        rmax = top
         cutv = tl.where(mp > 0.0, top + tl.log(tl.where(mp > 0.0, mp, 1.0)), float("-inf"))
         n_minp = tl.sum((finite & (sv >= cutv)).to(tl.int32), axis=0)
         has_k = k > 0
@@ -323,6 +333,7 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
     tl.store(sx_ptr + row, out_sx)
     tl.store(unc_ptr + row, unc.to(tl.int8))
     tl.store(margin_ptr + row, margin)
+    tl.store(rmax_ptr + row, rmax)
 
 
 _MINUS_ONES: dict = {}
@@ -334,6 +345,17 @@ def _minus_ones(n: int, dev) -> torch.Tensor:
     if key not in _MINUS_ONES:
         _MINUS_ONES[key] = torch.full((n,), -1, dtype=torch.int64, device=dev)
     return _MINUS_ONES[key]
+
+
+_ZEROS_I8: dict = {}
+
+
+def zeros_i8(n: int, dev) -> torch.Tensor:
+    """A cached read-only int8 ``[n]`` of zeros (made once, outside any graph capture)."""
+    key = (n, str(dev))
+    if key not in _ZEROS_I8:
+        _ZEROS_I8[key] = torch.zeros((n,), dtype=torch.int8, device=dev)
+    return _ZEROS_I8[key]
 
 
 def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
@@ -353,6 +375,7 @@ def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
     sx = torch.empty_like(gval)
     unc = torch.empty(R, dtype=torch.int8, device=dev)
     margin = torch.empty(R, dtype=torch.float64, device=dev)
+    rmax = torch.empty_like(gval)
     W = max(plan.candidates, 1)
     with _LAUNCH_LOCK:
         _merge_kernel[(R,)](g, g.stride(0), g.stride(1), rank_valid.contiguous(),
@@ -360,11 +383,12 @@ def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
                             inp.min_p.contiguous(), inp.top_p.contiguous(),
                             inp.draft.contiguous(), inp.seeds.contiguous(),
                             inp.positions.contiguous(),
-                            gval, gidx, lse, sx, unc, margin,
+                            gval, gidx, lse, sx, unc, margin, rmax,
                             TP=TP, PTP=triton.next_power_of_2(TP), W=W,
-                            PN=triton.next_power_of_2(TP * W), num_warps=8)
+                            PN=triton.next_power_of_2(TP * W),
+                            num_warps=TUNE["merge_warps"])
     # int8 flags throughout the Triton path (no conversion launches); read-only "-1" ids
-    return Merged(gval, gidx, lse, sx, _minus_ones(R, dev), unc, margin, None)
+    return Merged(gval, gidx, lse, sx, _minus_ones(R, dev), unc, margin, None, rmax)
 
 
 # ---------------------------------------------------------------------------
@@ -496,9 +520,11 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
                 zz = tl.load(g_ptr + r.to(tl.int64) * rank_stride + so + (c - r * S), mask=ok,
                              other=0.0)
                 b = zz.to(tl.int16, bitcast=True).to(tl.int32)
+                b = tl.where(b == -32768, 0, b)
                 key = b ^ ((b >> 15) & 0x7FFF)
             else:
                 b = s.to(tl.int32, bitcast=True)
+                b = tl.where(b == -2147483648, 0, b)
                 key = b ^ ((b >> 31) & 0x7FFFFFFF)
             tl.store(wrow + c, w, mask=ok)
             tl.store(krow + c, key, mask=ok)
@@ -591,10 +617,14 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     tl.store(defer_ptr + row, tl.zeros((), tl.int8))
 
 
-def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred):
+def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred, store=None):
     """Triton escalation for one-hot drafts: updates ``merged`` and ``deferred`` (int8,
     initialised to the uncertified rows) in place; returns the deferred rows."""
     TP, E, S = g.shape
+    if g.dtype == torch.bfloat16 and merged.row_max is not None and store is not None:
+        from ._escalate_kernels import escalate_one_hot_bf16
+
+        return escalate_one_hot_bf16(g, idx, real, inp, merged, vocab_size, deferred, store)
     if g.stride(2) != 1:
         g = g.contiguous()
     k16 = g.dtype == torch.bfloat16

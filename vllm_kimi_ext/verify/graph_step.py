@@ -357,6 +357,9 @@ class Merged:
     nucleus_margin: torch.Tensor  # float64
     #: int64: size of the kept set (rows with a cut; -1 elsewhere). Diagnostic only.
     n_kept: torch.Tensor | None = None
+    #: float32: the row's maximum of ``z / T`` (rows with a cut; the Triton merge only,
+    #: read by the split escalation).
+    row_max: torch.Tensor | None = None
 
 
 def _gumbel_at(seeds: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -503,16 +506,17 @@ def exact_cut(s: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor, top_p: 
 
 def escalate(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, merged: Merged,
              all_gather: AllGather, vocab_size: int, q_full: torch.Tensor | None,
-             backend: str) -> torch.Tensor:
+             backend: str, scratch: dict | None = None) -> torch.Tensor:
     """Round 2: whole rows for the picked uncertified rows; updates ``merged`` in place.
-    Returns the deferred rows (uncertified, no slot)."""
+    Returns the deferred rows (uncertified, no slot). ``scratch``: the step's persistent
+    buffers of the split bf16 escalation (without it, the one-program-per-row kernel)."""
     E = plan.escalation_slots
     if backend == "triton" and q_full is None:
         from . import _graph_kernels as gk
 
         idx, real8, deferred = gk.pick_slots(merged.uncertified, inp.row_in_req, E)
         g = all_gather(logits_shard.index_select(0, idx))  # [TP, E, S]
-        return gk.escalate_one_hot(g, idx, real8, inp, merged, vocab_size, deferred)
+        return gk.escalate_one_hot(g, idx, real8, inp, merged, vocab_size, deferred, scratch)
     idx, real = pick_slots(merged.uncertified, inp.row_in_req, E)
     rows = logits_shard.index_select(0, idx)
     g = all_gather(rows.contiguous())  # [TP, E, S]
@@ -602,6 +606,17 @@ def decide_merged_torch(merged: Merged, deferred: torch.Tensor, inp: StepInputs,
 # ---------------------------------------------------------------------------
 # the step
 # ---------------------------------------------------------------------------
+_CONSTANTS: dict = {}
+
+
+def _constant(n: int, value, dtype: torch.dtype, device) -> torch.Tensor:
+    """A cached read-only ``[n]`` tensor filled with ``value`` (made on first use)."""
+    key = (n, value if value == value else "nan", dtype, str(device))
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.full((n,), value, dtype=dtype, device=device)
+    return _CONSTANTS[key]
+
+
 class GraphVerifyStep(ShardedRank):
     """The per-rank verification step (see the module docstring).
 
@@ -615,6 +630,8 @@ class GraphVerifyStep(ShardedRank):
                  shard_width: int | None = None, backend: str = "auto"):
         super().__init__(vocab_size, tp_size, rank, all_gather, shard_width, backend)
         self._rank_valid: dict[torch.device, torch.Tensor] = {}
+        #: Persistent buffers of the split escalation (see ``_escalate_kernels``).
+        self._escalation_scratch: dict = {}
 
     def rank_valid(self, device: torch.device) -> torch.Tensor:
         if device not in self._rank_valid:
@@ -656,10 +673,13 @@ class GraphVerifyStep(ShardedRank):
             merged = gk.merge_round1(g, inp, plan, V, rv, q_full)
         else:
             merged = merge_round1_torch(g, inp, plan, V, rv, q_full)
-        deferred = torch.zeros_like(merged.uncertified)
         if plan.escalation_slots:
             deferred = escalate(logits_shard, inp, plan, merged, self.all_gather, V, q_full,
-                                "triton" if tri else "torch")
+                                "triton" if tri else "torch", self._escalation_scratch)
+        elif tri and merged.uncertified.dtype == torch.int8:
+            deferred = gk.zeros_i8(plan.num_rows, g.device)  # no launch in the step
+        else:
+            deferred = torch.zeros_like(merged.uncertified)
         decide = gk.decide_merged if tri else decide_merged_torch
         sampled, num_sampled, drow, margin, stopped = decide(merged, deferred, inp, plan, V)
         if plan.residual_round:
@@ -681,8 +701,9 @@ class GraphVerifyStep(ShardedRank):
         if tuple(g.shape) != (self.tp_size, R, plan.round1_width):
             raise RuntimeError(f"all_gather returned {tuple(g.shape)}")
         dev = g.device
-        nan64 = torch.full((R,), float("nan"), dtype=torch.float64, device=dev)
-        no = torch.zeros(R, dtype=torch.bool, device=dev)
+        # read-only constants made once (no fill launches inside the captured step)
+        nan64 = _constant(R, float("nan"), torch.float64, dev)
+        no = _constant(R, False, torch.bool, dev)
         if tri:
             from . import _triton_kernels as tk
 
@@ -694,7 +715,7 @@ class GraphVerifyStep(ShardedRank):
             gg = g if g.dtype == torch.float32 and g.stride(2) == 1 else g.float().contiguous()
             tk.launch_decide(gg, inp.cu_num_rows, inp.draft, inp.temperature, inp.seeds,
                              inp.positions, sampled, num_sampled, drow, margin, V)
-            stopped = torch.zeros(Q, dtype=torch.bool, device=dev)
+            stopped = _constant(Q, False, torch.bool, dev)
         else:
             best, tok = merge_argmax(g[..., 0], g[..., 1])
             if plan.all_greedy:

@@ -1,0 +1,44 @@
+"""The split bf16 escalation of the graph step, on Triton's CPU interpreter.
+
+``testkit.verify_escalation_check`` runs the graph step (Triton backend) on simulated
+TP = 2 with 2 candidates per rank on tie-heavy and flat bf16 rows, so the
+escalation's histogram walk, its tied tokens kept in id order (across chunk
+boundaries: 16-column chunks) and its chunk merge decide most cuts; every rank's
+output must equal the full-logits reference and every rank's persistent scratch
+must be zeroed again; each escalated row's merged statistics (Gumbel-max, kept-set
+log-sum-exp, ``s_x``, nucleus margin) must equal those of the full row's exact
+kept set. A wrong walk, tie count, tie order or merge fails (each was planted and
+seen to fail); a step that left its histogram dirty is reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
+def test_split_escalation_in_interpreter():
+    assert importlib.util.find_spec("triton") is not None, (
+        "triton is missing: install the test extras (pip install -e .[test])")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    r = subprocess.run([sys.executable, "-m", "testkit.verify_escalation_check"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO, env=env,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cases = json.loads(r.stdout.strip().splitlines()[-1])["cases"]
+    assert len(cases) == 5
+    for c in cases:
+        assert c["escalated"] > 0, f"{c}: nothing escalated, the split escalation did not run"
+        assert c["rows_compared"] >= 2 * c["escalated"], c  # every rank's rows
+        assert c["scratch_steps"] == 2, c
+        assert c["dirty"] == [], f"{c}: scratch left non-zero"
