@@ -37,6 +37,10 @@ class DocGenerator:
 
 
 GENERATORS: tuple[DocGenerator, ...] = (
+    # first: it copies the measured verify report into the package, which the cost-model
+    # documents after it price (the verify block of docs/cost-model.md: three verifiers)
+    DocGenerator("vllm_kimi_ext.costmodel.verify_report", "docs", ("cost-model.md",),
+                 updates=("cost-model.md",)),
     DocGenerator("vllm_kimi_ext.costmodel.report", "docs", ("what-to-run.md", "cost-model.md"),
                  updates=("cost-model.md",)),
     DocGenerator("vllm_kimi_ext.costmodel.placement_table", "docs", ("collectives-per-token.md",)),
@@ -46,12 +50,6 @@ GENERATORS: tuple[DocGenerator, ...] = (
     DocGenerator("bench.harness.bill_example", "docs", ("training-a-draft.md",),
                  updates=("training-a-draft.md",)),
 )
-
-
-#: the verify block of docs/cost-model.md: three verifiers priced from the measured report
-#: (a second generator of that document; each replaces only its own blocks)
-GENERATORS += (DocGenerator("vllm_kimi_ext.costmodel.verify_report", "docs", ("cost-model.md",),
-                            updates=("cost-model.md",)),)
 
 
 def documents() -> list[str]:
