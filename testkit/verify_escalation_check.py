@@ -18,7 +18,7 @@ import sys
 import torch
 
 from testkit.verify_cases import random_top_p_batch, shaped_logits
-from testkit.verify_graph_sim import check_graph_step
+from testkit.verify_graph_sim import check_graph_step, dirty_scratch, recording_step
 from vllm_kimi_ext.verify import _escalate_kernels as ek
 from vllm_kimi_ext.verify import _graph_kernels as gk
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs, _gumbel_at
@@ -97,17 +97,6 @@ def _tie_case(chunk: int, short: int) -> tuple:
     return b, z.expand(b.num_rows, V).contiguous().to(torch.bfloat16)
 
 
-def _recording_step(steps: list) -> type:
-    """A :class:`GraphVerifyStep` that appends every instance to ``steps``."""
-
-    class Step(GraphVerifyStep):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            steps.append(self)
-
-    return Step
-
-
 def main() -> int:
     ek.CHUNK, ek.WALK = 16, 32
     out = []
@@ -131,13 +120,12 @@ def main() -> int:
             b = random_top_p_batch(g, 3, V, mix)
             z = shaped_logits(g, b, V, kind).to(torch.bfloat16)
         steps: list[GraphVerifyStep] = []
-        Step = _recording_step(steps)
+        Step = recording_step(steps)
 
         o, _, plan, _ = check_graph_step(z, b, V, 2, candidates=2, backend="triton",
                                          step_cls=Step)
         rows = _check_rows(z, StepInputs.from_layout(b.layout(), V), seen)
-        dirty = [name for s in steps for st in [s._escalation_scratch.get("cpu")] if st
-                 for name in ("hist", "top", "done") if int(st[name].abs().sum())]
+        dirty = dirty_scratch(steps, "cpu")
         out.append({"kind": kind, "mix": mix, "escalated": int(o.uncertified.sum())
                     - int(o.deferred.sum()), "deferred": int(o.deferred.sum()),
                     "scratch_steps": sum(1 for s in steps if s._escalation_scratch),

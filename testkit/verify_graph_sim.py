@@ -34,6 +34,25 @@ def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,
     return outs, group, plans[0]
 
 
+def recording_step(steps: list) -> type:
+    """A :class:`GraphVerifyStep` class that appends every instance to ``steps`` (pass it
+    as ``step_cls`` to see each simulated rank's step afterwards)."""
+
+    class Step(GraphVerifyStep):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            steps.append(self)
+
+    return Step
+
+
+def dirty_scratch(steps: list, device: str) -> list[str]:
+    """Names of the split escalation's persistent buffers left non-zero by any of
+    ``steps`` (each step must leave them zeroed for the next)."""
+    return [name for s in steps for st in [s._escalation_scratch.get(device)] if st
+            for name in ("hist", "top", "done") if int(st[name].abs().sum())]
+
+
 def as_verify_output(o: StepOutput) -> VerifyOutput:
     return VerifyOutput(sampled=o.sampled, num_sampled=o.num_sampled,
                         accept_margin=o.accept_margin, nucleus_margin=o.nucleus_margin)

@@ -145,23 +145,14 @@ def test_split_escalation_cuts_inside_ties_and_leaves_scratch_zeroed(top_p, min_
     reference with every cut uncertified (4 candidates per rank), inside and outside a
     captured graph, and every rank's persistent histogram, highest key and counters are
     zero again after the step (the next step relies on it)."""
-    from testkit.verify_graph_sim import simulate_graph_step
+    from testkit.verify_graph_sim import dirty_scratch, recording_step, simulate_graph_step
 
     b, z = _tied_case(12, 21, top_p, min_p)
     out, _, _, _ = check_graph_step(z, b, V, TP, backend="triton", candidates=4)
     assert bool(out.uncertified.any())
-    captured = []
-
-    class Step(GraphVerifyStep):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            captured.append(self)
-
-    simulate_graph_step(z, b, TP, V, backend="triton", candidates=4, step_cls=Step)
-    stores = [s._escalation_scratch for s in captured]
-    assert len(stores) == TP and all(str(z.device) in st for st in stores)
-    for st in stores:
-        sc = st[str(z.device)]
-        for name in ("hist", "top", "done"):
-            assert int(sc[name].abs().sum()) == 0, f"{name} not left zeroed"
+    steps: list = []
+    simulate_graph_step(z, b, TP, V, backend="triton", candidates=4,
+                        step_cls=recording_step(steps))
+    assert len(steps) == TP and all(str(z.device) in s._escalation_scratch for s in steps)
+    assert dirty_scratch(steps, str(z.device)) == [], "scratch not left zeroed"
     _capture_and_compare(b, z, candidates=4)

@@ -41,12 +41,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ._graph_kernels import _key_value, _okey
 from ._triton_kernels import _LAUNCH_LOCK, _gumbel, _row_keys
 from .hashing import DOMAIN_GUMBEL
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
 #: Ordered 16-bit keys: one bin per bf16 bit pattern.
 BINS = 65536
+_BINS = tl.constexpr(BINS)
 #: Columns per program.
 CHUNK = 2048
 #: Histogram keys per step of the walk.
@@ -54,23 +56,6 @@ WALK = 256
 #: Warps of the histogram and of the statistics launch.
 HIST_WARPS = 4
 STATS_WARPS = 8
-
-
-@triton.jit
-def _okey(z):
-    """Ordered key in ``[0, 65536)`` of bf16 ``z`` (``-0.0`` is ``+0.0``)."""
-    b = z.to(tl.int16, bitcast=True).to(tl.int32)
-    b = tl.where(b == -32768, 0, b)
-    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
-
-
-@triton.jit
-def _key_value(key, t):
-    """``s = z / T`` of the bf16 value whose ordered key is ``key``."""
-    o = key - 32768
-    b = o ^ ((o >> 15) & 0x7FFF)
-    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-    return tl.div_rn(z, t)
 
 
 @triton.jit
@@ -128,7 +113,7 @@ def _esc_hist_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     row, t, tp32, m, cutv, c, ok, z, s, key, inset, hin = _load_chunk(
         g_ptr, rank_stride, slot_stride, S, n_cols, slot, chunk, idx_ptr, temp_ptr, minp_ptr,
         topp_ptr, rmax_ptr, C)
-    hrow = hist_ptr + slot * 65536
+    hrow = hist_ptr + slot * _BINS
     tl.atomic_add(hrow + key, tl.full(key.shape, 1, tl.int32), mask=hin, sem="relaxed")
     w = tl.where(inset, tl.exp(s.to(tl.float64) - m.to(tl.float64)), 0.0)
     tl.store(partz_ptr + slot * nch + chunk, tl.sum(w, axis=0))
@@ -212,7 +197,7 @@ def _esc_stats_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_
         topp_ptr, rmax_ptr, C)
     x = tl.load(draft_ptr + row)
     h1, h2 = _row_keys(tl.load(seed_ptr + row), tl.load(pos_ptr + row), _DOM_GUMBEL)
-    hrow = hist_ptr + slot * 65536
+    hrow = hist_ptr + slot * _BINS
     tl.store(hrow + key, tl.zeros(key.shape, tl.int32), mask=hin)  # leave it zeroed
     isx = c.to(tl.int64) == x
     g = _gumbel(h1, h2, c)

@@ -54,24 +54,36 @@ def _unkey(k):
 
 
 @triton.jit
-def _key16(z, col):
-    """int32 key of bf16 logits ``z`` at local column ``col`` (< 65536): the order of
-    ``z / T`` is the order of ``z`` for T > 0 (distinct bf16 values stay distinct)."""
+def _okey(z):
+    """Ordered key in ``[0, 65536)`` of bf16 ``z``: the order of ``z`` (and of ``z / T`` for
+    T > 0: distinct bf16 values stay distinct); ``-0.0`` keys as ``+0.0``."""
     b = z.to(tl.int16, bitcast=True).to(tl.int32)
-    b = tl.where(b == -32768, 0, b)  # -0.0 sorts as +0.0
-    ordered = b ^ ((b >> 15) & 0x7FFF)
-    return ordered * 65536 + (65535 - col)
+    b = tl.where(b == -32768, 0, b)
+    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
+
+
+@triton.jit
+def _key_value(key, t):
+    """``s = z / T`` of the bf16 value whose :func:`_okey` is ``key``."""
+    o = key - 32768
+    b = o ^ ((o >> 15) & 0x7FFF)
+    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return tl.div_rn(z, t)
+
+
+@triton.jit
+def _key16(z, col):
+    """int32 key of bf16 logits ``z`` at local column ``col`` (< 65536), sorting as
+    (value, then column descending)."""
+    return (_okey(z) - 32768) * 65536 + (65535 - col)
 
 
 @triton.jit
 def _unkey16(k, t):
     """``(z / T, local column)`` of int32 keys (``-inf, -1`` for the sentinel)."""
-    ordered = k >> 16
-    b = ordered ^ ((ordered >> 15) & 0x7FFF)
-    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-    col = 65535 - (k & 0xFFFF)
     sent = k == -2147483648
-    return tl.where(sent, float("-inf"), tl.div_rn(z, t)), tl.where(sent, -1, col)
+    v = _key_value((k >> 16) + 32768, t)
+    return tl.where(sent, float("-inf"), v), tl.where(sent, -1, 65535 - (k & 0xFFFF))
 
 
 @triton.jit
@@ -336,32 +348,10 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
     tl.store(rmax_ptr + row, rmax)
 
 
-_MINUS_ONES: dict = {}
-
-
-def _minus_ones(n: int, dev) -> torch.Tensor:
-    """A cached read-only int64 ``[n]`` of -1 (made once, outside any graph capture)."""
-    key = (n, str(dev))
-    if key not in _MINUS_ONES:
-        _MINUS_ONES[key] = torch.full((n,), -1, dtype=torch.int64, device=dev)
-    return _MINUS_ONES[key]
-
-
-_ZEROS_I8: dict = {}
-
-
-def zeros_i8(n: int, dev) -> torch.Tensor:
-    """A cached read-only int8 ``[n]`` of zeros (made once, outside any graph capture)."""
-    key = (n, str(dev))
-    if key not in _ZEROS_I8:
-        _ZEROS_I8[key] = torch.zeros((n,), dtype=torch.int8, device=dev)
-    return _ZEROS_I8[key]
-
-
 def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
     """Triton version of :func:`.graph_step.merge_round1_torch` (probabilistic drafts and
     all-greedy steps use the torch merge: their merge is a handful of ops)."""
-    from .graph_step import Merged, merge_round1_torch
+    from .graph_step import Merged, constant, merge_round1_torch
 
     if q_full is not None or plan.all_greedy:
         return merge_round1_torch(g, inp, plan, vocab_size, rank_valid, q_full)
@@ -388,7 +378,8 @@ def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
                             PN=triton.next_power_of_2(TP * W),
                             num_warps=TUNE["merge_warps"])
     # int8 flags throughout the Triton path (no conversion launches); read-only "-1" ids
-    return Merged(gval, gidx, lse, sx, _minus_ones(R, dev), unc, margin, None, rmax)
+    return Merged(gval, gidx, lse, sx, constant(R, -1, torch.int64, dev), unc, margin, None,
+                  rmax)
 
 
 # ---------------------------------------------------------------------------
@@ -519,9 +510,7 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
                 r = c // S
                 zz = tl.load(g_ptr + r.to(tl.int64) * rank_stride + so + (c - r * S), mask=ok,
                              other=0.0)
-                b = zz.to(tl.int16, bitcast=True).to(tl.int32)
-                b = tl.where(b == -32768, 0, b)
-                key = b ^ ((b >> 15) & 0x7FFF)
+                key = _okey(zz) - 32768
             else:
                 b = s.to(tl.int32, bitcast=True)
                 b = tl.where(b == -2147483648, 0, b)

@@ -609,8 +609,9 @@ def decide_merged_torch(merged: Merged, deferred: torch.Tensor, inp: StepInputs,
 _CONSTANTS: dict = {}
 
 
-def _constant(n: int, value, dtype: torch.dtype, device) -> torch.Tensor:
-    """A cached read-only ``[n]`` tensor filled with ``value`` (made on first use)."""
+def constant(n: int, value, dtype: torch.dtype, device) -> torch.Tensor:
+    """A cached read-only ``[n]`` tensor filled with ``value``, made on first use (the
+    eager warm-up, before any capture): a captured step reads it with no fill launch."""
     key = (n, value if value == value else "nan", dtype, str(device))
     if key not in _CONSTANTS:
         _CONSTANTS[key] = torch.full((n,), value, dtype=dtype, device=device)
@@ -676,10 +677,8 @@ class GraphVerifyStep(ShardedRank):
         if plan.escalation_slots:
             deferred = escalate(logits_shard, inp, plan, merged, self.all_gather, V, q_full,
                                 "triton" if tri else "torch", self._escalation_scratch)
-        elif tri and merged.uncertified.dtype == torch.int8:
-            deferred = gk.zeros_i8(plan.num_rows, g.device)  # no launch in the step
         else:
-            deferred = torch.zeros_like(merged.uncertified)
+            deferred = constant(plan.num_rows, 0, merged.uncertified.dtype, g.device)
         decide = gk.decide_merged if tri else decide_merged_torch
         sampled, num_sampled, drow, margin, stopped = decide(merged, deferred, inp, plan, V)
         if plan.residual_round:
@@ -702,8 +701,8 @@ class GraphVerifyStep(ShardedRank):
             raise RuntimeError(f"all_gather returned {tuple(g.shape)}")
         dev = g.device
         # read-only constants made once (no fill launches inside the captured step)
-        nan64 = _constant(R, float("nan"), torch.float64, dev)
-        no = _constant(R, False, torch.bool, dev)
+        nan64 = constant(R, float("nan"), torch.float64, dev)
+        no = constant(R, False, torch.bool, dev)
         if tri:
             from . import _triton_kernels as tk
 
@@ -715,7 +714,7 @@ class GraphVerifyStep(ShardedRank):
             gg = g if g.dtype == torch.float32 and g.stride(2) == 1 else g.float().contiguous()
             tk.launch_decide(gg, inp.cu_num_rows, inp.draft, inp.temperature, inp.seeds,
                              inp.positions, sampled, num_sampled, drow, margin, V)
-            stopped = _constant(Q, False, torch.bool, dev)
+            stopped = constant(Q, False, torch.bool, dev)
         else:
             best, tok = merge_argmax(g[..., 0], g[..., 1])
             if plan.all_greedy:
