@@ -28,8 +28,8 @@ def test_plan_writes_png_and_json(tmp_path, capsys):
     rc, out, _ = run(["--draft", "lightseek-eagle3", "--out", str(png), "--json", str(js)],
                      capsys)
     assert rc == 0
-    for col in ("k", "placement", "tok/s", "x no-spec", "coll/tok", "Acceptance band",
-                "robust for lightseek-eagle3"):
+    for col in ("k", "placement", "tok/s", "x no-spec", "coll/tok", "Ranked by evidence",
+                "Answer: `lightseek-eagle3` k = "):
         assert col in out
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 5000
