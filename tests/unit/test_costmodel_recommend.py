@@ -105,3 +105,19 @@ def test_better_acceptance_never_lowers_the_recommendation(cm, lightseek):
 
 def test_large_drafts_stay_sharded_on_pcie(cm, lightseek):
     assert recommend(cm, [lightseek]).best.plan.placement in ("tp8", "tp8-repemb")
+
+
+def test_within_tolerance_the_fewest_changes_win(cm):
+    """Planted bug: ``pick`` without ``len(o.requires)`` in its key recommends the
+    replicated-embedding patch for a 1 % gain; this fails with placement 'tp8-repemb'."""
+    from vllm_kimi_ext.costmodel.acceptance import field_figures
+
+    d = load_draft("lightseek-eagle3-mla")
+    pair = [(d, field_figures(d.acceptance)[0])]
+    rec = recommend(cm, pair)
+    fastest, best = rec.fastest, rec.best
+    assert fastest.requires and fastest.plan.placement == "tp8-repemb"  # precondition
+    assert best.tokens_per_s >= fastest.tokens_per_s * (1 - 0.02)
+    assert best.plan.placement == "tp8" and not best.requires, best.plan
+    # with no tolerance the faster option wins despite its requirement
+    assert recommend(cm, pair, tolerance=0.0).best.plan.placement == "tp8-repemb"

@@ -323,14 +323,20 @@ def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]
     run = runs[0]
     sums: list[float] = []
     drafts = 0
+    where = f"{path}: field 'runs[{run.get('id')}].levels.acceptance"
     for lv in run["levels"]:
         acc = (lv or {}).get("acceptance") or {}
-        per, n = acc.get("per_position") or [], acc.get("num_drafts") or 0
+        per, n = acc.get("per_position") or [], acc.get("num_drafts")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"{where}.num_drafts' must be a count (an integer >= 0), got "
+                             f"{n!r}")
         if not per or not n:
             continue
-        if any(not isinstance(r, (int, float)) or not 0 <= r <= 1 for r in per):
-            raise ValueError(f"{path}: field 'runs[{run.get('id')}].levels.acceptance."
-                             "per_position' must hold rates within [0, 1]")
+        if not isinstance(per, list) or any(
+                isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1
+                for r in per):
+            raise ValueError(f"{where}.per_position' must hold rates within [0, 1] (numbers, "
+                             f"not true/false), got {per!r}")
         sums += [0.0] * (len(per) - len(sums))
         for i, r in enumerate(per):
             sums[i] += r * n

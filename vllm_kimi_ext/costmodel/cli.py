@@ -288,10 +288,32 @@ def run_plan(args) -> int:
     if args.verify_report is not None and not args.verify_cost:
         raise UsageError("--verify-report needs --verify-cost")
     if args.validate:
+        check_validate_args(args)
         return _run_validate(args)
     if args.verify_cost:
         return _run_verify_cost(args)
     return _run(args)
+
+
+#: Flags ``--validate`` does not read, with their defaults: they select or weigh
+#: configurations, while the validation predicts every public point at its own draft,
+#: acceptance, batch and context.
+VALIDATE_IGNORES = {"draft": [], "acceptance": None, "tau": None, "tau_k": None,
+                    "acceptance_from": None, "acceptance_run": None,
+                    "acceptance_any_draft": False, "dataset": None, "batch": 1,
+                    "context": 1024, "backend": None, "k_max": 7, "stock_only": False,
+                    "all": False, "verify_cost": False, "verify_report": None}
+
+
+def check_validate_args(args) -> None:
+    """Refuse flags ``--validate`` would silently ignore, naming them."""
+    given = [k for k, default in VALIDATE_IGNORES.items() if getattr(args, k) != default]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise UsageError(f"--validate predicts every public point at its own draft, "
+                         f"acceptance, batch and context; it would ignore {flags}: drop "
+                         "them (it reads --hardware, --latency, --model, --params, "
+                         "--count-mode, --routing-skew, --json, --out)")
 
 
 def _run_verify_cost(args) -> int:
