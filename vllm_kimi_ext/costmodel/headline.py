@@ -26,6 +26,7 @@ it, and ``tests/unit/test_costmodel_one_answer.py`` compares each with this func
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import lru_cache
 
 from vllm_kimi_ext.costmodel.acceptance import (
@@ -285,29 +286,42 @@ def setup_commands(plan: Plan) -> list[str]:
             f"vllm-kimi-ext draft rope-config --draft {src} --out {out}"]
 
 
-def serve_command(plan: Plan, requires=()) -> str:
-    """A complete ``vllm serve`` line for ``plan``; ``requires`` (its
-    :class:`~.recommend.Requirement` list) adds ``VLLM_KIMI_EXT=1`` when the plan needs
-    anything from this project."""
+#: ``vllm serve`` arguments of every command printed (the calibration runs' settings).
+SERVE_ARGS = ("--trust-remote-code", "--tensor-parallel-size", "8", "--kv-cache-dtype", "fp8",
+              "--attention-backend", TARGET_ATTENTION)
+
+
+def speculative_config(plan: Plan) -> dict:
+    """``--speculative-config`` of ``plan`` (the serve commands and the box-side run)."""
     d = plan.draft
-    model = local_dirs(d)[1] if rope_copy(d) is not None else d.checkpoint
-    cfg = [f'"method": "{d.method}"', f'"model": "{model}"',
-           f'"num_speculative_tokens": {plan.k}']
+    cfg = {"method": d.method,
+           "model": local_dirs(d)[1] if rope_copy(d) is not None else d.checkpoint,
+           "num_speculative_tokens": plan.k}
     if draft_attention_backend(d):
-        cfg.append(f'"attention_backend": "{draft_attention_backend(d)}"')
+        cfg["attention_backend"] = draft_attention_backend(d)
     if plan.placement == "tp1":
-        cfg.append('"draft_tensor_parallel_size": 1')
+        cfg["draft_tensor_parallel_size"] = 1
     if plan.placement == "tp8-repemb":
-        cfg.append('"replicate_draft_embedding": true')
-    env = ""
+        cfg["replicate_draft_embedding"] = True
+    return cfg
+
+
+def serve_env(plan: Plan, requires=()) -> dict[str, str]:
+    """Environment variables the serve command sets: ``VLLM_KIMI_EXT=1`` when ``requires``
+    (the plan's :class:`~.recommend.Requirement` list) needs anything from this project."""
+    env = {"VLLM_KIMI_EXT": "1"} if requires else {}
     if plan.verifier == "sharded":
-        env += "VLLM_KIMI_EXT_SHARDED_VERIFY=1 "
-    if requires:
-        env = "VLLM_KIMI_EXT=1 " + env
-    return (f"{env}vllm serve moonshotai/Kimi-K2.5 --trust-remote-code "
-            "--tensor-parallel-size 8 \\\n"
-            f"  --kv-cache-dtype fp8 --attention-backend {TARGET_ATTENTION} \\\n"
-            f"  --speculative-config '{{{', '.join(cfg)}}}'")
+        env["VLLM_KIMI_EXT_SHARDED_VERIFY"] = "1"
+    return env
+
+
+def serve_command(plan: Plan, requires=()) -> str:
+    """A complete ``vllm serve`` line for ``plan``."""
+    env = "".join(f"{k}={v} " for k, v in serve_env(plan, requires).items())
+    a = SERVE_ARGS
+    return (f"{env}vllm serve moonshotai/Kimi-K2.5 {a[0]} {' '.join(a[1:3])} \\\n"
+            f"  {' '.join(a[3:])} \\\n"
+            f"  --speculative-config '{json.dumps(speculative_config(plan))}'")
 
 
 def commands(j: Judged) -> str:
