@@ -139,6 +139,13 @@ CASES = [
     _plan("validate-with-tau", ["--validate", "--tau", "2.5"], 2, ["it would ignore --tau"]),
     _plan("validate-with-batch", ["--validate", "--batch", "4"], 2,
           ["it would ignore --batch"]),
+    _plan("validate-with-verify-cost", ["--validate", "--verify-cost"], 2,
+          ["it would ignore --verify-cost"]),
+    _plan("list-with-draft", ["--list", "--draft", "zlab-dflash"], 2,
+          ["--list prints the shipped profiles; it would ignore --draft", "reads nothing else"]),
+    _plan("verify-cost-with-draft-and-json", ["--verify-cost", "--draft", "zlab-dflash",
+                                              "--json", "{json}"], 2,
+          ["--verify-cost prices the verify step", "it would ignore --draft, --json"]),
     # a costed backend nothing can build: the real reason, not "nothing fits"
     _plan("backend-not-buildable", ["--backend", "custom_oneshot"], 2,
           ["--backend custom_oneshot: costed for the what-if table only",

@@ -282,38 +282,53 @@ def _check_args(args) -> None:
 def run_plan(args) -> int:
     """The ``plan`` handler; errors follow :func:`vllm_kimi_ext.cli.run_handler`'s contract."""
     if args.list:
+        check_mode_args(args, "list")
         print(list_profiles_text())
         return EXIT_OK
     _check_args(args)
     if args.verify_report is not None and not args.verify_cost:
         raise UsageError("--verify-report needs --verify-cost")
     if args.validate:
-        check_validate_args(args)
+        check_mode_args(args, "validate")
         return _run_validate(args)
     if args.verify_cost:
+        check_mode_args(args, "verify_cost")
         return _run_verify_cost(args)
     return _run(args)
 
 
-#: Flags ``--validate`` does not read, with their defaults: they select or weigh
-#: configurations, while the validation predicts every public point at its own draft,
-#: acceptance, batch and context.
-VALIDATE_IGNORES = {"draft": [], "acceptance": None, "tau": None, "tau_k": None,
-                    "acceptance_from": None, "acceptance_run": None,
-                    "acceptance_any_draft": False, "dataset": None, "batch": 1,
-                    "context": 1024, "backend": None, "k_max": 7, "stock_only": False,
-                    "all": False, "verify_cost": False, "verify_report": None}
+#: Flags that select or weigh configurations, with their defaults; a mode that does not
+#: read one refuses it instead of ignoring it (:func:`check_mode_args`).
+SELECTION_DEFAULTS = {"draft": [], "acceptance": None, "tau": None, "tau_k": None,
+                      "acceptance_from": None, "acceptance_run": None,
+                      "acceptance_any_draft": False, "dataset": None, "batch": 1,
+                      "context": 1024, "backend": None, "k_max": 7, "stock_only": False,
+                      "all": False, "verify_cost": False, "verify_report": None,
+                      "validate": False, "out": None, "json": None, "hardware": DEFAULT_HARDWARE,
+                      "latency": None, "model": DEFAULT_MODEL, "params": "calibrated",
+                      "count_mode": "profile", "routing_skew": None}
+#: mode -> (what it does, the flags it reads).
+MODES = {
+    "list": ("--list prints the shipped profiles", {"list"}),
+    "validate": ("--validate predicts every public point at its own draft, acceptance, batch "
+                 "and context", {"validate", "hardware", "latency", "model", "params",
+                                 "count_mode", "routing_skew", "json", "out"}),
+    "verify_cost": ("--verify-cost prices the verify step at batch 1, 8, 32, 64 and --batch",
+                    {"verify_cost", "verify_report", "hardware", "latency", "model", "params",
+                     "count_mode", "routing_skew", "batch"}),
+}
 
 
-def check_validate_args(args) -> None:
-    """Refuse flags ``--validate`` would silently ignore, naming them."""
-    given = [k for k, default in VALIDATE_IGNORES.items() if getattr(args, k) != default]
+def check_mode_args(args, mode: str) -> None:
+    """Refuse flags ``mode`` would silently ignore, naming them and what it reads."""
+    what, reads = MODES[mode]
+    given = [k for k, default in SELECTION_DEFAULTS.items()
+             if k not in reads and getattr(args, k) != default]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise UsageError(f"--validate predicts every public point at its own draft, "
-                         f"acceptance, batch and context; it would ignore {flags}: drop "
-                         "them (it reads --hardware, --latency, --model, --params, "
-                         "--count-mode, --routing-skew, --json, --out)")
+        takes = ", ".join("--" + k.replace("_", "-") for k in sorted(reads)
+                          if k != mode) or "nothing else"
+        raise UsageError(f"{what}; it would ignore {flags}: drop them (it reads {takes})")
 
 
 def _run_verify_cost(args) -> int:

@@ -108,7 +108,7 @@ def _backend(cm: CostModel, rec: Recommendation) -> list[str]:
             + f". In-situ latency per all-reduce of {fmt_bytes(n_bytes)}: {lat}.")
     if unmeasured:
         out.append("Not ranked (no public in-situ measurement on this class of box; the what-if "
-                   "table costs FlashInfer's from its public microbenchmark): "
+                   "table costs FlashInfer's as the one-shot all-reduce measured in situ): "
                    + ", ".join(unmeasured) + "; measure with bench/allreduce_bench.py.")
     return out
 

@@ -524,6 +524,15 @@ def _levers_section(cm: CostModel, h) -> list[str]:
            "with public end-to-end Kimi runs on this class of box.", ""]
     for name, rows in tables.items():
         out += [f"Draft `{name}`:", "", lever_markdown(rows), ""]
+    check = whatif.speculative_check(cm, h.draft, h.choice.point)
+    if check is not None:
+        out += [f"**All-reduce rows under speculation, checked against the public A/B**: "
+                f"{check.text()}. The model's gain shrinks under speculation "
+                + ("at least as much as the public one (test-enforced)" if check.holds() else
+                   "LESS than the public one: treat the all-reduce rows as optimistic")
+                + f". FlashInfer's own microbenchmark is not used for its latencies: its NCCL "
+                f"baseline was {whatif.microbenchmark_baseline_ratio(cm):.1f}x this host's "
+                "in-situ NCCL at the same size.", ""]
     head_rows = tables[h.draft.name]
     act = [r for r in head_rows if r.lever.kind != whatif.UPPER_BOUND and not r.lever.built]
     bounds = [r for r in head_rows if r.lever.kind == whatif.UPPER_BOUND]
