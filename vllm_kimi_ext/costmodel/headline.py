@@ -400,8 +400,9 @@ def rope_note(j: Judged) -> str:
             f"RoPE attention factor {spec['attention_factor']:g} (`vllm-kimi-ext draft "
             "rope-config`; vLLM 0.34.0 would run the stock config at 1.0, and `vllm-kimi-ext "
             "doctor` reports it as W-ROPE-YARN-FACTOR); the acceptance difference between the "
-            "two is unmeasured until a box runs both (serve either directory as the draft "
-            "model and compare the acceptance `bench/e2e/runner.py` records).")
+            "two is unmeasured until a box runs both (choosing-a-draft.md, \"DFlash RoPE "
+            "scaling\": `bench/e2e/runner.py recommendation` once as is and once with "
+            f"`--draft-dir {j.draft.name}={local_dirs(j.draft)[0]}`).")
 
 
 def worth_measuring_lines(h: Answer) -> list[str]:
