@@ -427,7 +427,7 @@ def _run(args) -> int:
 
         print(f"plot: {plot_plan(rec, args.out)}")
     if args.json:
-        _write_json(args, cm, rec, drafts_acc)
+        _write_json(args, cm, rec, drafts_acc, a)
     return EXIT_OK
 
 
@@ -473,10 +473,13 @@ def _run_validate(args) -> int:
     return EXIT_FINDINGS if rep.unexplained_misses else EXIT_OK
 
 
-def _write_json(args, cm, rec, drafts_acc) -> None:
+def _write_json(args, cm, rec, drafts_acc, a) -> None:
     import dataclasses
 
+    from vllm_kimi_ext.costmodel.headline import answer_dict
+
     doc = {
+        "answer": answer_dict(a),
         **rec.to_dict(),
         "params": dataclasses.asdict(cm.params),
         "latency_table": cm.latency.name,

@@ -114,8 +114,6 @@ class Answer:
         return self.worth_measuring or self.alternative
 
 
-Headline = Answer
-
 
 def card_drafts() -> list[DraftProfile]:
     """Drafts trained for Kimi-K2.5 that publish a card acceptance figure (the headline
@@ -450,6 +448,25 @@ def headline_markdown(h: Answer | None = None) -> str:
     return "\n".join(lines)
 
 
+def answer_dict(h: Answer) -> dict:
+    """The answer for ``plan --json``: choice and worth measuring, each with its evidence,
+    point estimate and interval."""
+    def one(j: Judged | None) -> dict | None:
+        if j is None:
+            return None
+        p = j.plan
+        return {"draft": j.draft.name, "checkpoint": j.draft.checkpoint, "k": p.k,
+                "placement": p.placement, "vocab": p.vocab, "verifier": p.verifier,
+                "backend": p.backend, "evidence": j.evidence.level,
+                "evidence_runs": [r.get("source") for r in j.evidence.runs],
+                "tokens_per_s": dict(j.tps), "tau": dict(j.tau),
+                "interval_tokens_per_s": list(j.interval), "point_acceptance": j.point.source,
+                "serve_command": serve_command(p, j.option.requires)}
+    return {"choice": one(h.choice), "worth_measuring": one(h.worth_measuring),
+            "measured_alternative": one(h.alternative), "out_of_sample_error": h.error,
+            "no_speculation_tokens_per_s": h.no_spec_tps}
+
+
 def answer_line(h: Answer) -> str:
     """One line: the choice, its number, interval and evidence (``plan``'s first line)."""
     c = h.choice
@@ -492,7 +509,7 @@ def current_readme_section(readme: str) -> str | None:
     return README_HEADING + (rest if nxt < 0 else rest[: nxt + 1])
 
 
-def updated_readme(readme: str, h: Headline | None = None) -> str:
+def updated_readme(readme: str, h: Answer | None = None) -> str:
     cur = current_readme_section(readme)
     if cur is None:
         raise ValueError(f"README.md has no {README_HEADING!r} section")
