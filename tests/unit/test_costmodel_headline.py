@@ -117,3 +117,24 @@ def test_without_a_measured_configuration_the_fastest_modelled_one_is_recommende
     a = answer(cm, [load_draft("zlab-dflash")])
     assert a.choice.evidence.level != MEASURED and a.worth_measuring is None
     assert a.choice.plan.draft.name == "zlab-dflash"
+
+
+def test_every_recommendation_line_names_its_evidence_and_source(h):
+    """Planted bug: ``answer_line`` printing the level without its sources; this fails on
+    'models/kimi-k26-v6.md' missing from plan's first line."""
+    from vllm_kimi_ext.costmodel.evidence import WORDS
+    from vllm_kimi_ext.costmodel.headline import answer_line, recommendation
+
+    src = "joninco/rtx6kpro models/kimi-k26-v6.md @ 28e9f832cb"
+    assert h.choice.evidence.short() == f"{WORDS[MEASURED]} ({src})"
+    assert src in answer_line(h)
+    assert f"evidence: {WORDS[MEASURED]} ({src})" in recommendation(h).explanation[0]
+    assert "Evidence: **" + WORDS[MEASURED] in headline_markdown(h) and src in \
+        headline_markdown(h)
+    text = (ROOT / "docs" / "what-to-run.md").read_text()
+    table = text.split("## Every draft, ranked by evidence", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| `")]
+    assert rows
+    for row in rows:
+        if "no acceptance published" not in row:
+            assert any(w in row for w in WORDS.values()), row

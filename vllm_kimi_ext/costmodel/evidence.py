@@ -43,6 +43,11 @@ class Evidence:
     def measured(self) -> bool:
         return self.level == MEASURED
 
+    def short(self) -> str:
+        """The level in words with the sources of its runs (one line, a table cell)."""
+        srcs = "; ".join(dict.fromkeys(source_text(r["source"]) for r in self.runs))
+        return WORDS[self.level] + (f" ({srcs})" if srcs else "")
+
     def text(self) -> str:
         """The level in words, with each run behind it and its source."""
         out = f"**{WORDS[self.level]}**"

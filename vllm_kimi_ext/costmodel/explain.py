@@ -120,7 +120,8 @@ def explain(cm: CostModel, rec: Recommendation,
     out = [f"Recommended: {describe(p)} -> {e.tokens_per_s_per_request:.0f} tok/s per request"
            f"{'' if rec.batch == 1 else f' ({e.tokens_per_s:.0f} aggregate at batch {rec.batch})'}"
            f", {rec.speedup_vs_stock:.2f}x stock vLLM without speculation "
-           f"({rec.no_spec_stock.tokens_per_s:.0f} tok/s, NCCL)."]
+           f"({rec.no_spec_stock.tokens_per_s:.0f} tok/s, NCCL); evidence: "
+           f"{evidence(p).short()}."]
     if best is not rec.fastest:
         if evidence(p).measured and not evidence(rec.fastest.plan).measured:
             why = ("the recommendation has run in public on this box class with stock vLLM, "

@@ -38,7 +38,7 @@ from vllm_kimi_ext.costmodel.acceptance import (
     point_for,
 )
 from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
-from vllm_kimi_ext.costmodel.evidence import WORDS, Evidence, evidence, run_text
+from vllm_kimi_ext.costmodel.evidence import Evidence, evidence, run_text
 from vllm_kimi_ext.costmodel.explain import caveats, explain
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
 from vllm_kimi_ext.costmodel.options import Option, Recommendation
@@ -328,8 +328,8 @@ def commands(j: Judged) -> str:
 
 
 def public_short(plan: Plan) -> str:
-    """A table cell: the evidence level of the exact configuration."""
-    return WORDS[evidence(plan).level]
+    """A table cell: the evidence level of the exact configuration, with its sources."""
+    return evidence(plan).short()
 
 
 def public_status(plan: Plan) -> str:
@@ -408,7 +408,7 @@ def worth_measuring_lines(h: Answer) -> list[str]:
     if w is None:
         return []
     return [f"- **Worth measuring**: {short(w.plan)}, {w.tps['point']:.0f} tok/s at its point "
-            f"acceptance (interval {interval_text(w)}; {WORDS[w.evidence.level]}): faster "
+            f"acceptance (interval {interval_text(w)}; {w.evidence.short()}): faster "
             f"by point estimate, but its interval does not clear the recommendation's "
             f"({interval_text(h.choice)}), so it stays a forecast until a box measures it. "
             "Settle both on your box, back to back with the same prompts: "
@@ -471,7 +471,7 @@ def answer_line(h: Answer) -> str:
     """One line: the choice, its number, interval and evidence (``plan``'s first line)."""
     c = h.choice
     return (f"Answer: {short(c.plan)} -> {c.tps['point']:.0f} tok/s "
-            f"(interval {interval_text(c)}), {WORDS[c.evidence.level]}"
+            f"(interval {interval_text(c)}), {c.evidence.short()}"
             + (f"; worth measuring: {short(h.worth_measuring.plan)} "
                f"{h.worth_measuring.tps['point']:.0f} tok/s "
                f"({interval_text(h.worth_measuring)})" if h.worth_measuring else ""))

@@ -591,8 +591,9 @@ def what_to_run_markdown() -> str:
             md_table(["change", "choice", "evidence", "tok/s point (interval)", "x stock"],
                      _sensitivity_rows(cm, h)), ""]
     out += _levers_section(cm, h)
-    out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (table, band, "
-            "explanation); `vllm-kimi-ext plan --validate` (the fit against every public point)."]
+    out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (the answer, "
+            "the table, the evidence, the explanation); `vllm-kimi-ext plan --validate` (the "
+            "fit against every public point)."]
     return "\n".join(out) + "\n"
 
 
