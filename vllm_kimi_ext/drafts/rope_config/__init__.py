@@ -11,10 +11,9 @@ A draft whose config carries ``mscale = mscale_all_dim`` therefore runs at facto
 1.416 for ``z-lab/Kimi-K2.5-DFlash`` (yarn factor 64, ``mscale = mscale_all_dim = 1.0``).
 SGLang's ``YaRNScalingRotaryEmbedding`` (``python/sglang/srt/layers/rotary_embedding.py``)
 computes ``yarn_get_mscale(scaling_factor) * attn_factor`` and ignores both keys (SGLang PR
-22711, which proposed honouring them, was closed); SGLang is the serving stack the DFlash
-drafts are trained against (SpecForge). vllm-ascend restores 1.416 for that checkpoint,
-reporting lower draft acceptance with the newer value. :data:`TRAINED_DEFAULT` is therefore
-the plain-YaRN value.
+22711, which proposed honouring them, was closed). vllm-ascend restores 1.416 for that
+checkpoint, reporting lower draft acceptance with the newer value: the evidence that the draft
+was trained at the plain-YaRN factor. :data:`TRAINED_DEFAULT` is therefore that value.
 
 0.34.0 honours an explicit ``rope_scaling.attention_factor``, and dict ``--hf-overrides`` do
 not reach the draft (``SpeculativeConfig.compose_draft_hf_overrides``), so the supported
