@@ -6,6 +6,11 @@ plain-YaRN factor 1.4159 (or the one given). The config is read by
 ``vllm.model_executor.layers.rotary_embedding.get_rope`` with ``config.rope_parameters``,
 as ``qwen3_dflash.py`` does. Canary: :func:`effective_attention_factor` (what the doctor
 reports) must equal what vLLM builds; if 0.34.0's rules change, this fails and names it.
+
+Planted bugs: ``write_copy`` writing the factor under a key vLLM ignores (``attn_factor``)
+fails the first test ("assert 1.0 == 1.4158883083359672"); ``effective_attention_factor``
+ignoring mscale / mscale_all_dim fails it on the stock config; README's DFlash serve command
+pointing at the stock directory fails the last test (the served draft is the download).
 """
 
 from __future__ import annotations
@@ -66,3 +71,31 @@ def test_without_mscale_vllm_uses_plain_yarn(tmp_path):
     factor, rope = vllm_rotary_factor(draft)
     assert factor == pytest.approx(0.1 * math.log(64) + 1)
     assert effective_attention_factor(rope)[0] == pytest.approx(factor)
+
+
+def test_the_documented_dflash_commands_serve_the_trained_factor(tmp_path):
+    """The DFlash commands README.md prints, run as written (with /models moved under a
+    temporary directory and the download replaced by a DFlash-shaped config): the serve
+    command's draft model is the copy, and vLLM builds its rotary embedding at 1.4159."""
+    import json
+    import re
+    import shlex
+    from pathlib import Path
+
+    from vllm_kimi_ext.cli import main
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if '"dflash"' in b]
+    assert blocks, "README.md prints no DFlash serve command"
+    lines = [ln.strip() for ln in blocks[0].splitlines()]
+    root = str(tmp_path)
+    download = next(ln for ln in lines if ln.startswith("huggingface-cli download"))
+    write_draft(Path(shlex.split(download)[-1].replace("/models", root, 1)))
+    rope = next(ln for ln in lines if ln.startswith("vllm-kimi-ext draft rope-config"))
+    argv = [w.replace("/models", root, 1) for w in shlex.split(rope)[1:]]
+    assert main(argv) == 0
+    spec = json.loads(re.search(r"--speculative-config '(\{.*\})'", blocks[0]).group(1))
+    served = Path(spec["model"].replace("/models", root, 1))
+    assert served.is_dir() and served != Path(shlex.split(download)[-1].replace(
+        "/models", root, 1))
+    assert vllm_rotary_factor(served)[0] == pytest.approx(0.1 * math.log(64) + 1)
