@@ -170,12 +170,13 @@ def answer(cm: CostModel, drafts: list[DraftProfile], batch: int = BATCH,
            dataset: str | None = None, backends: list[str] | None = None, k_max: int = MAX_K,
            stock_only: bool = False, error: float | None = None) -> Answer:
     """What to run among ``drafts``. ``acceptance`` (draft name -> a measured or given
-    acceptance) replaces a draft's point estimate and its band. Raises ValueError when
+    acceptance) replaces a draft's point estimate and its band. ``error`` defaults to the
+    out-of-sample error of the calibrated PCIe profile (also for another hardware profile or
+    other parameters: the only box class with held-out public runs). Raises ValueError when
     nothing fits or no draft has an acceptance figure."""
     everything = [load_draft(n) for n in list_profiles("drafts")]
     low_ratio, mean_ratio = field_to_card_ratio(everything), mean_field_to_card_ratio(everything)
-    error = out_of_sample_error(cm.hw.name) if error is None and cm.hw.name == PCIE else (
-        error if error is not None else out_of_sample_error(PCIE))
+    error = out_of_sample_error(PCIE) if error is None else error
     per_draft, judged, pairs = [], [], []
     for d in drafts:
         given = (acceptance or {}).get(d.name)
