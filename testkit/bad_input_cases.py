@@ -320,6 +320,11 @@ DOCTOR_CASES: list[Case] = [
     _doctor("dflash-mask-id-out-of-range", _pair("dflash", edit=_cfg(
         **{"dflash_config.mask_token_id": VOCAB})), 1, [f"mask_token_id={VOCAB}"],
         ["E-DFLASH-MASK-ID"]),
+    _doctor("dflash-yarn-factor-from-mscale", _pair("dflash", edit=_cfg(rope_scaling={
+        "rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 1.0})), 0,
+            ["attention factor 1.0000", "z-lab/Kimi-K2.5-DFlash", "draft rope-config"],
+            ["W-ROPE-YARN-FACTOR"], extra=("--method", "dflash")),
     _doctor("dflash-without-block-size", _pair("dflash", edit=_cfg(block_size=DROP)), 1,
             ["declares no block_size"], ["E-DFLASH-BLOCK"], extra=("--method", "dflash")),
     # -- MTP

@@ -58,6 +58,19 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` report a usage error as one line (``PROG: error: REASON``, exit 2)
+    instead of argparse's usage dump, which would bury the reason."""
+    import sys
+
+    def error(message: str):
+        print(f"{parser.prog}: error: {one_line(message)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+    parser.error = error
+    return parser
+
+
 class UserInputError(ValueError):
     """An input a user passed is missing, unreadable or malformed.
 

@@ -9,6 +9,9 @@
     python bench/e2e/runner.py run
     # what would run (no --python needed, nothing started, nothing written)
     python bench/e2e/runner.py run --config bench/configs/e2e-kimi-k25-pcie8.yaml --plan-only
+    # the cost model's answer and the configuration to measure beside it, back to back;
+    # forecast.json / forecast.md: measured tokens/s and acceptance beside the forecast
+    python bench/e2e/runner.py recommendation --python .venv --out bench/out/e2e/what-to-run
     # ratios B/A per matching level
     python bench/e2e/runner.py compare A/results.json B/results.json --out cmp.md
     # within one file: patched vs stock
@@ -57,6 +60,8 @@ from bench.harness.cli import (  # noqa: E402 - after the sys.path line above
     run_cli,
 )
 from bench.harness.e2e.config import DEFAULT_CONFIG  # noqa: E402
+
+KIMI_CONFIG = ROOT / "bench" / "configs" / "e2e-kimi-k25-pcie8.yaml"
 
 PROG = "runner.py"
 DEFAULT_OUT_BASE = ROOT / "bench" / "out" / "e2e"
@@ -107,6 +112,31 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-git", action="store_true",
                    help="do not run git for the dirty flag in provenance")
     add_debug(r, sub=True)
+    m = sub.add_parser("recommendation",
+                       help="the answer of vllm-kimi-ext plan and the configuration to measure "
+                            "beside it, back to back; the measured numbers beside the forecast",
+                       description=(
+                           "Serve the configuration the cost model recommends and the one to "
+                           "settle beside it (worth measuring, or the measured alternative), "
+                           "back to back with the same prompts at concurrency 1, and write "
+                           "forecast.json / forecast.md: measured tokens/s and acceptance "
+                           "length beside the forecast and its interval."))
+    m.add_argument("--config", type=Path, default=KIMI_CONFIG,
+                   help="e2e config for the model, prompts, sampling and timeouts (its matrix "
+                        "is replaced; default bench/configs/e2e-kimi-k25-pcie8.yaml)")
+    m.add_argument("--python", default=None, metavar="PATH",
+                   help="the python (executable or venv) with vLLM 0.34.0 and this project "
+                        "(not needed with --plan-only)")
+    m.add_argument("--draft-dir", action="append", default=[], metavar="DRAFT=DIR",
+                   help="serve DRAFT (a profile name, e.g. zlab-dflash) from DIR instead of "
+                        "the path the docs use")
+    for flag in ("--model", "--out", "--overwrite", "--requests", "--max-tokens",
+                 "--datasets", "--startup-timeout", "--level-time-limit",
+                 "--stop-after-failed-starts", "--time-budget", "--plan-only", "--plan-out",
+                 "--no-git"):
+        m._add_action(next(a for a in r._actions if flag in a.option_strings))
+    m.set_defaults(concurrency=None, select=[])
+    add_debug(m, sub=True)
     c = sub.add_parser("compare", help="ratio table B/A of two result files",
                        epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("a", type=Path, help="results.json A (the baseline)")
@@ -121,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with the checks that need no file (files are read by the commands)."""
     args = build_parser().parse_args(argv)
-    if args.cmd == "run":
+    if args.cmd in ("run", "recommendation"):
         if args.plan_out is not None and not args.plan_only:
             raise UsageError("--plan-out: only with --plan-only (a run writes its results "
                              "under --out)")
@@ -180,14 +210,57 @@ def _check_destination(args: argparse.Namespace, out: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from bench.harness import e2e
-    from bench.harness.common import rel, write_json
-    from bench.harness.schema import E2EResults, validate
 
     where = str(args.config)
     pythons = e2e.parse_pythons(args.python)
     select = e2e.parse_select(args.select)
     cfg = e2e.normalize_config(apply_overrides(e2e.load_config(args.config), args), where)
     e2e.check_python_names(cfg, pythons, where)
+    return _execute(args, cfg, where, pythons, select)
+
+
+def cmd_recommendation(args: argparse.Namespace) -> int:
+    """The answer and the configuration to measure beside it, back to back, then the
+    measured numbers beside the forecast (forecast.json / forecast.md)."""
+    from bench.harness import e2e
+    from bench.harness.e2e import recommendation as rec
+    from vllm_kimi_ext.costmodel.headline import headline
+
+    where = f"{args.config} (recommendation)"
+    draft_dirs = e2e.parse_pythons(args.draft_dir, "--draft-dir")
+    h = headline()
+    unknown = sorted(set(draft_dirs) - {j.draft.name for j in rec.pair(h).values()})
+    if unknown:
+        raise UsageError(f"--draft-dir {unknown[0]}: not a draft of the answer (expected "
+                         + " or ".join(j.draft.name for j in rec.pair(h).values()) + ")")
+    base = e2e.normalize_config(apply_overrides(e2e.load_config(args.config), args),
+                                str(args.config))
+    cfg = e2e.normalize_config(rec.matrix_config(base, h, "@box", draft_dirs), where)
+    pythons = {"box": args.python} if args.python else {}
+
+    def forecast(out: Path, results: dict) -> None:
+        rows = rec.forecast_rows(h, results)
+        for path in rec.write_forecast(out, rows):
+            print(f"wrote {path}")
+        print(rec.verdict(rows))
+
+    try:
+        return _execute(args, cfg, where, pythons, {}, after=forecast)
+    except e2e.ConfigError as exc:
+        if "'speculative_config': 'model'" not in str(exc):
+            raise
+        raise UsageError(f"{exc}; write the draft copy the docs name (vllm-kimi-ext draft "
+                         "rope-config) or pass --draft-dir DRAFT=DIR") from None
+
+
+def _execute(args: argparse.Namespace, cfg: dict, where: str, pythons: dict, select: dict,
+             after=None) -> int:
+    """Plan, then run (or print the plan of) ``cfg``; ``after(out, results)`` runs once the
+    results are written."""
+    from bench.harness import e2e
+    from bench.harness.common import rel, write_json
+    from bench.harness.schema import E2EResults, validate
+
     out = args.out if args.out is not None else default_out_dir()
     _check_destination(args, out)
     plan = e2e.plan_matrix(cfg, out, model=args.model, pythons=pythons, select=select,
@@ -211,6 +284,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problems:  # a bug of this runner, not of the input
         raise RuntimeError("results.json does not match its schema: " + "; ".join(problems[:5]))
     print(f"wrote {out / 'results.json'} and {out / 'report.md'}")
+    if after is not None:
+        after(out, results)
     return EXIT_OK if all(r["status"] == "ok" for r in results["runs"]) else EXIT_FINDINGS
 
 
@@ -272,8 +347,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(PROG, parse_args,
-                   lambda a: cmd_run(a) if a.cmd == "run" else cmd_compare(a), argv)
+    commands = {"run": cmd_run, "recommendation": cmd_recommendation, "compare": cmd_compare}
+    return run_cli(PROG, parse_args, lambda a: commands[a.cmd](a), argv)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ GENERATORS: tuple[DocGenerator, ...] = (
     # documents after it price (the verify block of docs/cost-model.md: three verifiers)
     DocGenerator("vllm_kimi_ext.costmodel.verify_report", "docs", ("cost-model.md",),
                  updates=("cost-model.md",)),
-    DocGenerator("vllm_kimi_ext.costmodel.report", "docs", ("what-to-run.md", "cost-model.md"),
-                 updates=("cost-model.md",)),
+    DocGenerator("vllm_kimi_ext.costmodel.report", "docs",
+                 ("what-to-run.md", "cost-model.md", "choosing-a-draft.md"),
+                 updates=("cost-model.md", "choosing-a-draft.md")),
     DocGenerator("vllm_kimi_ext.costmodel.placement_table", "docs", ("collectives-per-token.md",)),
     DocGenerator("vllm_kimi_ext.drafts.doctor.codes", "docs", ("doctor.md",),
                  updates=("doctor.md",)),

@@ -26,9 +26,9 @@ from vllm_kimi_ext.costmodel.report import main as report_main
 E2E = "vllm-kimi-ext/e2e-results/1"
 
 
-def _results(model: str | None) -> str:
-    run = {"id": "spec", "levels": [{"acceptance": {"per_position": [0.7, 0.45, 0.3],
-                                                    "num_drafts": 40}}]}
+def _results(model: str | None, per=(0.7, 0.45, 0.3), n=40) -> str:
+    run = {"id": "spec", "levels": [{"acceptance": {"per_position": list(per),
+                                                    "num_drafts": n}}]}
     if model is not None:
         run["speculative_config"] = {"method": "eagle3", "model": model}
     return json.dumps({"schema": E2E, "runs": [run]})
@@ -54,6 +54,10 @@ def _files(tmp: Path) -> dict[str, Path]:
             {**bare[0], "model_lacks": {"difference": "mood", "why": "x"}}, *bare[1:]]}}),
         "eagle": ("eagle.json", _results("lightseekorg/kimi-k2.5-eagle3")),
         "no_model": ("no-model.json", _results(None)),
+        "negative_count": ("negative-count.json",
+                           _results("lightseekorg/kimi-k2.5-eagle3", n=-40)),
+        "bool_rates": ("bool-rates.json",
+                       _results("lightseekorg/kimi-k2.5-eagle3", per=(True, 0.5, False))),
         "file": ("a-file", "i am a file"),
     }
     out = {}
@@ -121,6 +125,33 @@ CASES = [
     _plan("acceptance-from-other-draft-overridden",
           ["--draft", "zlab-dflash", "--acceptance-from", "{eagle}", "--acceptance-any-draft"],
           0, ["eagle.json: run spec, 40 drafts"]),
+    _plan("acceptance-from-negative-draft-count",
+          ["--draft", "zlab-dflash", "--acceptance-from", "{negative_count}",
+           "--acceptance-any-draft"], 2,
+          ["negative-count.json", "num_drafts' must be a count", "-40"]),
+    _plan("acceptance-from-boolean-rates",
+          ["--draft", "zlab-dflash", "--acceptance-from", "{bool_rates}",
+           "--acceptance-any-draft"], 2,
+          ["bool-rates.json", "per_position' must hold rates", "not true/false"]),
+    # plan --validate refuses the flags it would ignore
+    _plan("validate-with-draft", ["--validate", "--draft", "zlab-dflash"], 2,
+          ["it would ignore --draft"]),
+    _plan("validate-with-tau", ["--validate", "--tau", "2.5"], 2, ["it would ignore --tau"]),
+    _plan("validate-with-batch", ["--validate", "--batch", "4"], 2,
+          ["it would ignore --batch"]),
+    _plan("validate-with-verify-cost", ["--validate", "--verify-cost"], 2,
+          ["it would ignore --verify-cost"]),
+    _plan("list-with-draft", ["--list", "--draft", "zlab-dflash"], 2,
+          ["--list prints the shipped profiles; it would ignore --draft", "reads nothing else"]),
+    _plan("verify-cost-with-draft-and-json", ["--verify-cost", "--draft", "zlab-dflash",
+                                              "--json", "{json}"], 2,
+          ["--verify-cost prices the verify step", "it would ignore --draft, --json"]),
+    # a costed backend nothing can build: the real reason, not "nothing fits"
+    _plan("backend-not-buildable", ["--backend", "custom_oneshot"], 2,
+          ["--backend custom_oneshot: costed for the what-if table only",
+           "refuses its custom all-reduce above 2 PCIe GPUs", "choose from: nccl"]),
+    _plan("backend-not-stock", ["--backend", "custom_oneshot", "--stock-only"], 2,
+          ["not something stock vLLM 0.34.0 runs"]),
     _plan("json-suffix-wrong", ["--validate", "--json", "{file}.txt"], 2,
           ["the suffix must be one of .json"]),
     # python -m vllm_kimi_ext.costmodel.report

@@ -28,13 +28,17 @@ def test_plan_writes_png_and_json(tmp_path, capsys):
     rc, out, _ = run(["--draft", "lightseek-eagle3", "--out", str(png), "--json", str(js)],
                      capsys)
     assert rc == 0
-    for col in ("k", "placement", "tok/s", "x no-spec", "coll/tok", "Acceptance band",
-                "robust for lightseek-eagle3"):
+    for col in ("k", "placement", "tok/s", "x no-spec", "coll/tok", "Ranked by evidence",
+                "Answer: `lightseek-eagle3` k = "):
         assert col in out
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 5000
     doc = json.loads(js.read_text())
     assert doc["recommended"]["draft"] == "lightseek-eagle3" and doc["recommended"]["buildable"]
+    ans = doc["answer"]["choice"]
+    assert (ans["draft"], ans["k"]) == ("lightseek-eagle3", doc["recommended"]["k"])
+    lo, hi = ans["interval_tokens_per_s"]
+    assert lo < ans["tokens_per_s"]["point"] < hi and ans["evidence"] == "modelled only"
     assert doc["rows"] and all(r["tokens_per_s"] > 0 for r in doc["rows"])
 
 

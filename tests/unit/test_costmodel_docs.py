@@ -20,12 +20,14 @@ IMAGES = ("costmodel-validation.png", "costmodel-latency.png", "costmodel-levers
 def test_committed_docs_are_up_to_date(tmp_path):
     # regenerate from a copy of the hand-written parts and compare with what is committed
     shutil.copy(DOCS / "cost-model.md", tmp_path / "cost-model.md")
+    shutil.copy(DOCS / "choosing-a-draft.md", tmp_path / "choosing-a-draft.md")
     write_docs(tmp_path, images=False)
-    for name in ("what-to-run.md", "cost-model.md"):
+    for name in ("what-to-run.md", "cost-model.md", "choosing-a-draft.md"):
         assert (tmp_path / name).read_text() == (DOCS / name).read_text(), (
             f"docs/{name} is stale: run python -m vllm_kimi_ext.costmodel.report "
             "--write-docs docs/")
-    assert {p.name for p in generated_docs(DOCS)} == {"what-to-run.md", "cost-model.md"}
+    assert {p.name for p in generated_docs(DOCS)} == {"what-to-run.md", "cost-model.md",
+                                                      "choosing-a-draft.md"}
     for name in IMAGES:  # written by --write-docs, linked from the docs
         assert (DOCS / IMG / name).read_bytes().startswith(b"\x89PNG")
         assert f"{IMG}/{name}" in (DOCS / "cost-model.md").read_text() + \
@@ -35,7 +37,7 @@ def test_committed_docs_are_up_to_date(tmp_path):
 def test_what_to_run_carries_the_caveat_and_the_ranking():
     text = (DOCS / "what-to-run.md").read_text()
     assert text.startswith("# What to run on 8x PCIe")
-    assert "A model, not a measurement of your box" in text
+    assert "A forecast ranked by evidence, not a measurement of your box" in text
     assert text.index("## What-if") < text.index("## Ranking")
     assert "upper bound, no setting" in text and "What you can set or install today" in text
     assert "UNEXPLAINED" not in (DOCS / "cost-model.md").read_text()
@@ -51,7 +53,7 @@ def test_check_docs_exit_codes(tmp_path):
 def test_markdown_report_for_the_bench_session(tmp_path):
     text = markdown_report(tmp_path, name="plan")
     assert "**What to run**" in text and "![tokens/s" in text
-    assert "**Why this configuration**" in text and "## Every draft across" in text
+    assert "**Why this configuration**" in text and "## Every draft, ranked by evidence" in text
     assert (tmp_path / "plan.png").read_bytes().startswith(b"\x89PNG")
     assert (tmp_path / "plan.md").read_text() == text
     other = markdown_report(tmp_path, drafts=["lightseek-eagle3"], name="other")

@@ -41,7 +41,10 @@ def _commands() -> list[tuple[str, str]]:
     from vllm_kimi_ext.costmodel.model import Plan
 
     h = headline()
-    out = [("headline", serve_command(h.plan, h.choice.robust.requires))]
+    out = [("headline", serve_command(h.plan, h.choice.option.requires))]
+    if h.measure_next is not None:
+        out.append(("measure", serve_command(h.measure_next.plan,
+                                             h.measure_next.option.requires)))
     for name, placement in (("zlab-dflash", "tp8"), ("lightseek-eagle3", "tp8-repemb"),
                             ("lightseek-eagle3", "tp1")):
         plan = Plan(k=3, draft=load_draft(name), placement=placement, batch=1, context=1024,

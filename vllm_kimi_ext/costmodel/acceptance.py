@@ -205,9 +205,9 @@ def field_figures(acceptance: dict | None) -> list[Acceptance]:
     return out
 
 
-def field_to_card_ratio(drafts: list) -> float | None:
-    """The smallest (field tau - 1) / (card tau - 1) over drafts that publish both, at the
-    card's k: how much of a card's gain survived public runs. None without such a draft."""
+def field_to_card_ratios(drafts: list) -> list[float]:
+    """(field tau - 1) / (card tau - 1) for every field figure of a draft that also publishes
+    a card, at the card's k: how much of a card's gain survived each public run."""
     ratios = []
     for d in drafts:
         card = from_draft_profile(d.acceptance)
@@ -215,7 +215,44 @@ def field_to_card_ratio(drafts: list) -> float | None:
         for f in field_figures(d.acceptance):
             if card is not None and card.tau(k) > 1:
                 ratios.append((f.tau(k) - 1) / (card.tau(k) - 1))
+    return ratios
+
+
+def field_to_card_ratio(drafts: list) -> float | None:
+    """The smallest of :func:`field_to_card_ratios` (the band's low end); None without a
+    draft that publishes both."""
+    ratios = field_to_card_ratios(drafts)
     return min(ratios) if ratios else None
+
+
+def mean_field_to_card_ratio(drafts: list) -> float | None:
+    """The mean of :func:`field_to_card_ratios` (the point estimate's shrink); None without
+    a draft that publishes both."""
+    ratios = field_to_card_ratios(drafts)
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def point_for(draft, dataset: str | None = None, ratio: float | None = None
+              ) -> Acceptance | None:
+    """The point estimate of a draft's acceptance: its public field figure where any exists
+    (the median by acceptance length at the card's k), else its card (``dataset`` or the
+    default) shrunk by ``ratio`` (:func:`mean_field_to_card_ratio`), else the card; a draft
+    without a card uses the middle of its assumed band. None when it has neither."""
+    acc = draft.acceptance or {}
+    k = int(acc.get("k_ref", 3))
+    fields = sorted(field_figures(acc), key=lambda a: a.tau(k))
+    if fields:
+        return fields[(len(fields) - 1) // 2]
+    card = from_draft_profile(acc, dataset if dataset in draft.datasets() else None)
+    if card is None:
+        band = band_for(draft, dataset, ratio)
+        return band.card if band is not None else None
+    if ratio is None:
+        return card
+    t = 1 + (card.tau(k) - 1) * ratio
+    return Acceptance.from_tau(t, k, f"{card.source} x field/card ratio {ratio:.2f} (mean "
+                               "over the public field figures of Kimi drafts; this draft has "
+                               "none)")
 
 
 def band_for(draft, dataset: str | None = None, ratio: float | None = None
@@ -286,14 +323,20 @@ def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]
     run = runs[0]
     sums: list[float] = []
     drafts = 0
+    where = f"{path}: field 'runs[{run.get('id')}].levels.acceptance"
     for lv in run["levels"]:
         acc = (lv or {}).get("acceptance") or {}
-        per, n = acc.get("per_position") or [], acc.get("num_drafts") or 0
+        per, n = acc.get("per_position") or [], acc.get("num_drafts")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"{where}.num_drafts' must be a count (an integer >= 0), got "
+                             f"{n!r}")
         if not per or not n:
             continue
-        if any(not isinstance(r, (int, float)) or not 0 <= r <= 1 for r in per):
-            raise ValueError(f"{path}: field 'runs[{run.get('id')}].levels.acceptance."
-                             "per_position' must hold rates within [0, 1]")
+        if not isinstance(per, list) or any(
+                isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1
+                for r in per):
+            raise ValueError(f"{where}.per_position' must hold rates within [0, 1] (numbers, "
+                             f"not true/false), got {per!r}")
         sums += [0.0] * (len(per) - len(sums))
         for i, r in enumerate(per):
             sums[i] += r * n

@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError, one_line
+from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError, one_line_errors
 
 DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 DEFAULT_MODEL = "kimi-k2.5"
@@ -134,12 +133,7 @@ def register(subparsers) -> None:
                    help="with --verify-cost: the measured report to price from (default: the "
                    "package's copy of bench/reports/verify_graph_vs_vllm_h200.json)")
     p.set_defaults(func=run_plan)
-
-    def one_line_error(message: str):  # argparse's usage dump would bury the reason
-        print(f"{p.prog}: error: {one_line(message)}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-
-    p.error = one_line_error
+    one_line_errors(p)
 
 
 def check_output_path(flag: str, path: Path | None, suffixes: tuple[str, ...]) -> None:
@@ -211,10 +205,14 @@ def resolve_acceptances(args, drafts):
     """[(draft, Acceptance)] from the flags or the drafts' card figures."""
     from vllm_kimi_ext.costmodel.acceptance import (
         Acceptance,
-        from_draft_profile,
         from_results_json,
+        mean_field_to_card_ratio,
+        point_for,
         results_draft,
     )
+    from vllm_kimi_ext.costmodel.catalog import list_profiles, load_draft
+
+    everything = [load_draft(n) for n in list_profiles("drafts")]
 
     if args.acceptance_from is not None:
         try:
@@ -236,7 +234,7 @@ def resolve_acceptances(args, drafts):
             acc = shared
         else:
             try:
-                acc = from_draft_profile(d.acceptance, args.dataset)
+                acc = point_for(d, args.dataset, mean_field_to_card_ratio(everything))
             except KeyError as exc:
                 raise UsageError(f"--dataset: draft {d.name}: {exc.args[0]}") from None
             if acc is None:
@@ -284,16 +282,53 @@ def _check_args(args) -> None:
 def run_plan(args) -> int:
     """The ``plan`` handler; errors follow :func:`vllm_kimi_ext.cli.run_handler`'s contract."""
     if args.list:
+        check_mode_args(args, "list")
         print(list_profiles_text())
         return EXIT_OK
     _check_args(args)
     if args.verify_report is not None and not args.verify_cost:
         raise UsageError("--verify-report needs --verify-cost")
     if args.validate:
+        check_mode_args(args, "validate")
         return _run_validate(args)
     if args.verify_cost:
+        check_mode_args(args, "verify_cost")
         return _run_verify_cost(args)
     return _run(args)
+
+
+#: Flags that select or weigh configurations, with their defaults; a mode that does not
+#: read one refuses it instead of ignoring it (:func:`check_mode_args`).
+SELECTION_DEFAULTS = {"draft": [], "acceptance": None, "tau": None, "tau_k": None,
+                      "acceptance_from": None, "acceptance_run": None,
+                      "acceptance_any_draft": False, "dataset": None, "batch": 1,
+                      "context": 1024, "backend": None, "k_max": 7, "stock_only": False,
+                      "all": False, "verify_cost": False, "verify_report": None,
+                      "validate": False, "out": None, "json": None, "hardware": DEFAULT_HARDWARE,
+                      "latency": None, "model": DEFAULT_MODEL, "params": "calibrated",
+                      "count_mode": "profile", "routing_skew": None}
+#: mode -> (what it does, the flags it reads).
+MODES = {
+    "list": ("--list prints the shipped profiles", {"list"}),
+    "validate": ("--validate predicts every public point at its own draft, acceptance, batch "
+                 "and context", {"validate", "hardware", "latency", "model", "params",
+                                 "count_mode", "routing_skew", "json", "out"}),
+    "verify_cost": ("--verify-cost prices the verify step at batch 1, 8, 32, 64 and --batch",
+                    {"verify_cost", "verify_report", "hardware", "latency", "model", "params",
+                     "count_mode", "routing_skew", "batch"}),
+}
+
+
+def check_mode_args(args, mode: str) -> None:
+    """Refuse flags ``mode`` would silently ignore, naming them and what it reads."""
+    what, reads = MODES[mode]
+    given = [k for k, default in SELECTION_DEFAULTS.items()
+             if k not in reads and getattr(args, k) != default]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        takes = ", ".join("--" + k.replace("_", "-") for k in sorted(reads)
+                          if k != mode) or "nothing else"
+        raise UsageError(f"{what}; it would ignore {flags}: drop them (it reads {takes})")
 
 
 def _run_verify_cost(args) -> int:
@@ -311,12 +346,7 @@ def _run_verify_cost(args) -> int:
 def _build(args):
     import dataclasses
 
-    from vllm_kimi_ext.costmodel.catalog import (
-        list_profiles,
-        load_draft,
-        load_hardware,
-        load_model,
-    )
+    from vllm_kimi_ext.costmodel.catalog import load_draft, load_hardware, load_model
     from vllm_kimi_ext.costmodel.model import CostModel
 
     hw = load_hardware(args.hardware)
@@ -325,9 +355,9 @@ def _build(args):
                          latency=args.latency)
     if args.routing_skew is not None:
         cm = cm.with_params(dataclasses.replace(cm.params, routing_skew=args.routing_skew))
-    names = args.draft or [n for n in list_profiles("drafts")
-                           if (load_draft(n).acceptance or {}).get("values")]
-    drafts = [load_draft(n) for n in names]
+    from vllm_kimi_ext.costmodel.headline import card_drafts
+
+    drafts = [load_draft(n) for n in args.draft] if args.draft else card_drafts()
     if args.dataset and not any(args.dataset in d.datasets() for d in drafts):
         raise UsageError(f"--dataset {args.dataset!r}: no selected draft has it; available: "
                          + ", ".join(sorted({ds for d in drafts for ds in d.datasets()})))
@@ -336,25 +366,68 @@ def _build(args):
         if unknown:
             raise UsageError(f"--backend {unknown[0]!r}: not costed on {hw.name} with latency "
                              f"table {cm.latency.name}; valid: {', '.join(cm.backends)}")
+        check_backends(args, cm)
     return cm, drafts
 
 
+def _given_acceptance(args) -> bool:
+    return bool(args.acceptance or args.tau is not None or args.acceptance_from)
+
+
+def check_backends(args, cm) -> None:
+    """Refuse a --backend the recommender cannot offer, with the real reason: it is costed
+    (the what-if table prices it) but neither stock vLLM 0.34.0 nor this project builds it
+    (or, with --stock-only, it is not stock)."""
+    runnable = [b for b in cm.backends if cm.hw.backends.get(b, {}).get(
+        "stock" if args.stock_only else "buildable", False)]
+    for b in args.backend:
+        if b not in runnable:
+            spec = cm.hw.backends.get(b, {})
+            raise UsageError(
+                f"--backend {b}: costed for the what-if table only, not something "
+                + ("stock vLLM 0.34.0 runs" if args.stock_only else
+                   "stock vLLM 0.34.0 or this project can build")
+                + f" ({spec.get('requires', 'not buildable')}); choose from: "
+                + (", ".join(runnable) or "none"))
+
+
+def _headline_inputs(args) -> bool:
+    """Whether ``plan`` runs on the README answer's inputs."""
+    return (not args.draft and not _given_acceptance(args) and args.dataset is None
+            and args.batch == 1 and args.context == 1024 and not args.backend
+            and args.k_max == 7 and not args.stock_only and args.params == "calibrated"
+            and args.count_mode == "profile" and args.routing_skew is None
+            and args.hardware == DEFAULT_HARDWARE and args.model == DEFAULT_MODEL
+            and args.latency is None)
+
+
 def _run(args) -> int:
-    from vllm_kimi_ext.costmodel.recommend import recommend
+    from vllm_kimi_ext.costmodel.headline import answer, answer_line
+    from vllm_kimi_ext.costmodel.tables import format_answer
 
     cm, drafts = _build(args)
     drafts_acc = resolve_acceptances(args, drafts)
-    rec = recommend(cm, drafts_acc, batch=args.batch, context=args.context,
-                    backends=args.backend, k_max=args.k_max, stock_only=args.stock_only)
+    try:
+        a = answer(cm, drafts, batch=args.batch, context=args.context,
+                   acceptance=(dict((d.name, acc) for d, acc in drafts_acc)
+                               if _given_acceptance(args) else None),
+                   dataset=args.dataset, backends=args.backend, k_max=args.k_max,
+                   stock_only=args.stock_only)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    rec = a.rec
+    print(answer_line(a) + ("" if _headline_inputs(args) else
+                            " [for the inputs given; the README's answer: vllm-kimi-ext plan]"))
+    print()
     _print_plan(args, cm, rec, drafts_acc)
-    if not (args.acceptance or args.tau is not None or args.acceptance_from):
-        _print_band(cm, drafts, args)
+    print()
+    print(format_answer(a))
     if args.out:
         from vllm_kimi_ext.costmodel.plot import plot_plan
 
         print(f"plot: {plot_plan(rec, args.out)}")
     if args.json:
-        _write_json(args, cm, rec, drafts_acc)
+        _write_json(args, cm, rec, drafts_acc, a)
     return EXIT_OK
 
 
@@ -378,28 +451,9 @@ def _print_plan(args, cm, rec, drafts_acc) -> None:
     if rec.best.plan.speculative:
         from vllm_kimi_ext.costmodel.headline import public_status
 
-        print(f"- Public runs: {public_status(rec.best.plan)}")
+        print(f"- Evidence: {public_status(rec.best.plan)}")
     for line in rec.caveats:
         print(f"! {line}")
-
-
-def _print_band(cm, drafts, args) -> None:
-    from vllm_kimi_ext.costmodel.acceptance import band_for, field_to_card_ratio
-    from vllm_kimi_ext.costmodel.catalog import list_profiles, load_draft
-    from vllm_kimi_ext.costmodel.recommend import recommend_across_band
-    from vllm_kimi_ext.costmodel.tables import format_band
-
-    ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
-    bands = []
-    for d in drafts:
-        band = band_for(d, args.dataset, ratio=ratio)
-        if band is not None:
-            bands.append(recommend_across_band(cm, d, band, batch=args.batch,
-                                               context=args.context, backends=args.backend,
-                                               k_max=args.k_max, stock_only=args.stock_only))
-    if bands:
-        print()
-        print(format_band(bands))
 
 
 def _run_validate(args) -> int:
@@ -419,10 +473,13 @@ def _run_validate(args) -> int:
     return EXIT_FINDINGS if rep.unexplained_misses else EXIT_OK
 
 
-def _write_json(args, cm, rec, drafts_acc) -> None:
+def _write_json(args, cm, rec, drafts_acc, a) -> None:
     import dataclasses
 
+    from vllm_kimi_ext.costmodel.headline import answer_dict
+
     doc = {
+        "answer": answer_dict(a),
         **rec.to_dict(),
         "params": dataclasses.asdict(cm.params),
         "latency_table": cm.latency.name,

@@ -7,6 +7,7 @@ import dataclasses
 from vllm_kimi_ext.costmodel.acceptance import Acceptance
 from vllm_kimi_ext.costmodel.catalog import DraftProfile
 from vllm_kimi_ext.costmodel.draft_cost import collectives_per_forward
+from vllm_kimi_ext.costmodel.evidence import evidence
 from vllm_kimi_ext.costmodel.model import SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK, CostModel
 from vllm_kimi_ext.costmodel.options import (
     Option,
@@ -107,7 +108,7 @@ def _backend(cm: CostModel, rec: Recommendation) -> list[str]:
             + f". In-situ latency per all-reduce of {fmt_bytes(n_bytes)}: {lat}.")
     if unmeasured:
         out.append("Not ranked (no public in-situ measurement on this class of box; the what-if "
-                   "table costs FlashInfer's from its public microbenchmark): "
+                   "table costs FlashInfer's as the one-shot all-reduce measured in situ): "
                    + ", ".join(unmeasured) + "; measure with bench/allreduce_bench.py.")
     return out
 
@@ -119,13 +120,20 @@ def explain(cm: CostModel, rec: Recommendation,
     out = [f"Recommended: {describe(p)} -> {e.tokens_per_s_per_request:.0f} tok/s per request"
            f"{'' if rec.batch == 1 else f' ({e.tokens_per_s:.0f} aggregate at batch {rec.batch})'}"
            f", {rec.speedup_vs_stock:.2f}x stock vLLM without speculation "
-           f"({rec.no_spec_stock.tokens_per_s:.0f} tok/s, NCCL)."]
+           f"({rec.no_spec_stock.tokens_per_s:.0f} tok/s, NCCL); evidence: "
+           f"{evidence(p).short()}."]
     if best is not rec.fastest:
+        if evidence(p).measured and not evidence(rec.fastest.plan).measured:
+            why = ("the recommendation has run in public on this box class with stock vLLM, "
+                   "the faster one only in the model, and its interval does not clear the "
+                   "recommendation's (ranked by evidence)")
+        else:
+            why = ("the recommendation needs fewer changes to stock vLLM or stays within the "
+                   "measured acceptance positions")
         out.append(f"The fastest buildable option ({describe(rec.fastest.plan)}, "
-                   f"{rec.fastest.tokens_per_s:.0f} tok/s) is within "
-                   f"{1 - best.tokens_per_s / rec.fastest.tokens_per_s:.1%}; the recommendation "
-                   "needs fewer changes to stock vLLM or stays within the measured acceptance "
-                   "positions.")
+                   f"{rec.fastest.tokens_per_s:.0f} tok/s) is "
+                   f"{rec.fastest.tokens_per_s / best.tokens_per_s - 1:.1%} faster by point "
+                   f"estimate; {why}.")
     if not p.speculative:
         spec = [o for o in rec.options if o.plan.speculative]
         if spec:

@@ -8,18 +8,16 @@ ranks by aggregate tokens/s at the given batch. Among options within ``tolerance
 (default 2 %) of the fastest, the one needing the fewest changes to stock vLLM wins, then
 one whose draft length has measured (not extrapolated) acceptance.
 
-:func:`recommend_across_band` runs the search for each acceptance scenario of a draft
-(low / card / high, :mod:`.acceptance`) and picks the option with the smallest worst-case
-shortfall against each scenario's own best: the robust choice.
+Which configuration to *run* also weighs what has run in public: :func:`~.headline.answer`
+applies that rule over these options.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
 
-from vllm_kimi_ext.costmodel.acceptance import Acceptance, AcceptanceBand
+from vllm_kimi_ext.costmodel.acceptance import Acceptance
 from vllm_kimi_ext.costmodel.catalog import DraftProfile
 from vllm_kimi_ext.costmodel.explain import caveats, explain
 from vllm_kimi_ext.costmodel.model import VERIFIERS, CostModel, Plan
@@ -78,6 +76,19 @@ def pick(options: list[Option], tolerance: float, acceptances: dict[str, Accepta
                                      -o.tokens_per_s))
 
 
+def no_option_reason(fitting: list[Option], stock_only: bool) -> str:
+    """Why no option is left: nothing fits, or what the fitting ones need that cannot be
+    built (the first such requirement)."""
+    if not fitting:
+        return "no configuration fits in memory; lower --context or --batch"
+    where = "stock vLLM 0.34.0" if stock_only else "stock vLLM 0.34.0 plus this project"
+    for o in fitting:
+        for r in o.requires:
+            if stock_only or not r.buildable:
+                return f"no configuration that fits can be built from {where}: it needs {r}"
+    return f"no configuration that fits can be built from {where}"
+
+
 def recommend(
     cm: CostModel,
     drafts: list[tuple[DraftProfile, Acceptance]],
@@ -92,7 +103,7 @@ def recommend(
              if o.estimate.fits]
     options = [o for o in every if (o.stock if stock_only else o.buildable)]
     if not options:
-        raise ValueError("no configuration fits in memory; lower --context or --batch")
+        raise ValueError(no_option_reason(every, stock_only))
     options.sort(key=lambda o: -o.tokens_per_s)
     accs = {d.name: a for d, a in drafts}
     best = pick(options, tolerance, accs)
@@ -108,54 +119,3 @@ def recommend(
     )
     return dataclasses.replace(rec, explanation=tuple(explain(cm, rec, drafts)),
                                caveats=tuple(caveats(cm, rec, drafts)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Across the acceptance band
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class BandRecommendation:
-    """One configuration judged in every acceptance scenario."""
-
-    draft: DraftProfile
-    band: AcceptanceBand
-    per_scenario: dict[str, Recommendation]  # each scenario's own recommendation
-    robust: Option  # the chosen configuration, estimated in the card scenario
-    robust_tps: dict[str, float]  # its tokens/s in each scenario
-    robust_tau: dict[str, float]
-
-    @property
-    def worst_shortfall(self) -> float:
-        """Largest fraction by which the robust choice trails a scenario's own best."""
-        return max(1 - self.robust_tps[s] / r.best.tokens_per_s
-                   for s, r in self.per_scenario.items())
-
-    def holds_across_band(self, tolerance: float = DEFAULT_TOLERANCE) -> bool:
-        return self.worst_shortfall <= tolerance
-
-
-def recommend_across_band(cm: CostModel, draft: DraftProfile, band: AcceptanceBand,
-                          batch: int = 1, context: int = 1024, **kw: Any) -> BandRecommendation:
-    per = {s: recommend(cm, [(draft, acc)], batch=batch, context=context, **kw)
-           for s, acc in band.scenarios().items()}
-    by_s = {s: {_key(o.plan): o for o in r.options} for s, r in per.items()}
-    common = set.intersection(*(set(v) for v in by_s.values()))
-
-    def worst(key) -> float:
-        return max(1 - by_s[s][key].tokens_per_s / per[s].best.tokens_per_s for s in per)
-
-    floor = min(worst(key) for key in common)
-    tolerance = kw.get("tolerance", DEFAULT_TOLERANCE)
-    close = [key for key in common if worst(key) <= floor + tolerance]
-    chosen = min(close, key=lambda key: (len(by_s["card"][key].requires),
-                                         -by_s["low"][key].tokens_per_s))
-    return BandRecommendation(
-        draft=draft, band=band, per_scenario=per, robust=by_s["card"][chosen],
-        robust_tps={s: by_s[s][chosen].tokens_per_s for s in per},
-        robust_tau={s: by_s[s][chosen].estimate.tau for s in per})
-
-
-def _key(p: Plan) -> tuple:
-    return (p.draft.name if p.draft else None, p.k, p.placement, p.vocab, p.verifier, p.backend)

@@ -20,7 +20,7 @@ import functools
 import sys
 from pathlib import Path
 
-from vllm_kimi_ext.costmodel import whatif
+from vllm_kimi_ext.costmodel import verify_cost, whatif
 from vllm_kimi_ext.costmodel.acceptance import (
     Acceptance,
     band_for,
@@ -35,15 +35,17 @@ from vllm_kimi_ext.costmodel.calibration import (
     validate,
 )
 from vllm_kimi_ext.costmodel.catalog import (
-    DraftProfile,
     list_profiles,
     load_draft,
     load_hardware,
 )
+from vllm_kimi_ext.costmodel.evidence import WORDS
 from vllm_kimi_ext.costmodel.headline import (
     TARGET,
+    answer,
     headline,
     headline_markdown,
+    interval_text,
     public_short,
     recommendation,
 )
@@ -58,7 +60,7 @@ from vllm_kimi_ext.costmodel.plot import (
     plot_validation,
     series,
 )
-from vllm_kimi_ext.costmodel.recommend import recommend, recommend_across_band
+from vllm_kimi_ext.costmodel.recommend import recommend
 from vllm_kimi_ext.user_input import (
     EXIT_CODES_HELP,
     EXIT_FINDINGS,
@@ -374,8 +376,8 @@ def markdown_report(out_dir: str | Path, hardware: str = PCIE, drafts: list[str]
     png = plot_plan(rec, out_dir / f"{name}.png")
     text = (f"# {title or 'Cost-model plan'}\n\n> A plan for the inputs given (drafts "
             f"{', '.join(d.name for d, _ in pairs)}; batch {batch}, context {context}, "
-            f"`{hardware}`), at single acceptance figures: not the headline answer of "
-            "README.md and docs/what-to-run.md, which weighs each draft's acceptance band.\n\n"
+            f"`{hardware}`), at single acceptance figures: not the answer of "
+            "README.md and docs/what-to-run.md, which ranks configurations by evidence.\n\n"
             + plan_markdown(cm, rec, png.name) + "\n")
     (out_dir / f"{name}.md").write_text(text)
     return text
@@ -392,68 +394,81 @@ def _short(plan) -> str:
     return f"k={plan.k} {plan.placement}/{plan.vocab}, {plan.verifier}, {plan.backend}"
 
 
-def _headline_role(d: DraftProfile, h, robust_low: float) -> str:
-    """Why a draft is or is not the headline's (the rules of :func:`~.headline.headline`)."""
-    if d.name == h.draft.name:
+def _headline_role(name: str, h) -> str:
+    """Why a draft is or is not the answer's (the rules of :func:`~.headline.answer`)."""
+    if name == h.draft.name:
         return "**the answer**"
-    if d.name not in {c.draft.name for c in h.candidates}:
+    if h.worth_measuring is not None and name == h.worth_measuring.draft.name:
+        return "**worth measuring**"
+    d = load_draft(name)
+    if name not in {n for n, _, _ in h.per_draft}:
         if d.raw.get("trained_for", TARGET) != TARGET:
             return f"not a candidate: trained for {d.raw['trained_for']}, its card is not K2.5's"
         return "not a candidate: no card acceptance figure (assumed band)"
-    return (f"candidate: {robust_low:.0f} tok/s in the low scenario against "
-            f"{h.choice.robust_tps['low']:.0f}")
+    return "candidate"
+
+
+def _draft_answer(cm: CostModel, h, name: str):
+    """(choice, worth measuring) of one draft: the headline's own for its candidates."""
+    for n, c, w in h.per_draft:
+        if n == name:
+            return c, w
+    try:
+        a = answer(cm, [load_draft(name)])
+    except ValueError:
+        return None, None
+    return a.choice, a.worth_measuring
 
 
 def _drafts_section(cm: CostModel) -> list[str]:
     h = headline(cm) if cm.hw.name != PCIE else headline()
-    ratio = field_to_card_ratio([load_draft(n) for n in list_profiles("drafts")])
     rows = []
     for name in list_profiles("drafts"):
         d = load_draft(name)
-        band = band_for(d, ratio=ratio)
-        if band is None:
-            rows.append([f"`{name}`", d.raw.get("trained_for", TARGET), "-", "-", "-",
+        c, w = _draft_answer(cm, h, name)
+        if c is None:
+            rows.append([f"`{name}`", d.raw.get("trained_for", TARGET), "-", "-", "-", "-",
                          "-", "-", "-", "no acceptance published: pass --tau or "
                          "--acceptance-from"])
             continue
-        r = recommend_across_band(cm, d, band, batch=1, context=1024)
-        t, tau = r.robust_tps, r.robust_tau
-        needs = "; ".join(x.short or x.text for x in r.robust.requires) or "stock"
+        needs = "; ".join(x.short or x.text for x in c.option.requires) or "stock"
         rows.append([f"`{name}`", d.raw.get("trained_for", TARGET)
-                     + (" (assumed band)" if band.card_is_assumed else ""),
-                     _short(r.robust.plan),
-                     f"{tau['low']:.2f} / {tau['card']:.2f} / {tau['high']:.2f}",
-                     f"{t['low']:.0f} / {t['card']:.0f} / {t['high']:.0f}",
-                     f"{t['card'] / h.no_spec_tps:.2f}x", needs,
-                     public_short(r.robust.plan), _headline_role(d, h, t["low"])])
-    return ["## Every draft across its acceptance band", "",
-            "Single stream, context 1024; per draft the configuration that loses least in its "
-            "worst scenario (low / card / high). Low is the lowest public field figure, or the "
-            f"card shrunk by the smallest field/card ratio measured on any draft ({ratio:.2f}); "
-            "high is the best of the card's datasets and field figures. The answer is the "
-            f"draft trained for {TARGET} with a card figure whose choice is fastest in the low "
-            "scenario (a faster draft trained for another Kimi version does not compete: its "
-            f"card was measured on that version, which {TARGET} does not reach).", "",
-            md_table(["draft", "trained for", "robust choice", "tau low / card / high",
-                      "tok/s low / card / high", "x stock (card)", "needs",
-                      "this exact configuration", "the answer?"],
-                     rows), ""]
+                     + (" (assumed band)" if c.band.card_is_assumed else ""),
+                     _short(c.plan), public_short(c.plan),
+                     f"{c.tau['point']:.2f} ({c.tau['low']:.2f}-{c.tau['high']:.2f})",
+                     f"{c.tps['point']:.0f} ({interval_text(c)})",
+                     f"{c.tps['point'] / h.no_spec_tps:.2f}x", needs,
+                     (f"{_short(w.plan)}: {w.tps['point']:.0f} ({interval_text(w)})"
+                      if w is not None else "-"), _headline_role(name, h)])
+    return ["## Every draft, ranked by evidence", "",
+            "Single stream, context 1024. Per draft, the configuration the rule of the answer "
+            "picks among that draft's own: tokens/s at its point acceptance (the public field "
+            "figure where one exists, else the card shrunk by the mean field/card ratio of Kimi "
+            f"drafts), and its interval (the acceptance band's low and high ends, widened by "
+            f"the model's out-of-sample error ±{h.error:.1%}). A configuration only modelled "
+            "displaces a measured one only when its whole interval clears the measured "
+            "one's; otherwise it is listed as worth measuring. The answer competes among the "
+            f"drafts trained for {TARGET} with a card figure (a draft trained for another Kimi "
+            f"version carries that version's card, which {TARGET} does not reach).", "",
+            md_table(["draft", "trained for", "its choice", "evidence", "tau point (band)",
+                      "tok/s point (interval)", "x stock", "needs", "worth measuring",
+                      "the answer?"], rows), ""]
 
 
 def _sensitivity_rows(cm: CostModel, h) -> list[list[str]]:
-    d, band = h.draft, h.choice.band
+    d = h.draft
 
     def row(label: str, model: CostModel, batch: int = 1, context: int = 1024) -> list[str]:
         try:
-            r = recommend_across_band(model, d, band, batch=batch, context=context)
+            a = answer(model, [d], batch=batch, context=context, error=h.error)
         except ValueError:
-            return [label, "nothing fits in memory", "-", "-"]
+            return [label, "nothing fits in memory", "-", "-", "-"]
         base = model.no_spec(batch=batch, context=context).tokens_per_s
-        t = r.robust_tps
-        return [label, _short(r.robust.plan), f"{t['low']:.0f} / {t['card']:.0f} / "
-                f"{t['high']:.0f}", f"{t['card'] / base:.2f}x"]
+        c = a.choice
+        return [label, _short(c.plan), WORDS[c.evidence.level],
+                f"{c.tps['point']:.0f} ({interval_text(c)})", f"{c.tps['point'] / base:.2f}x"]
 
-    rows = [row("headline (batch 1, context 1024)", cm)]
+    rows = [row("the answer (batch 1, context 1024)", cm)]
     rows += [row(f"context {c // 1024}k", cm, context=c) for c in (16384, 32768, 131072)]
     rows += [row(f"batch {b} (aggregate tok/s)", cm, batch=b) for b in (4, 16, 64)]
     for name, label in (("rtx-pro-6000-pcie-switch-x8", "a single-CPU PCIe-switch box"),
@@ -509,6 +524,15 @@ def _levers_section(cm: CostModel, h) -> list[str]:
            "with public end-to-end Kimi runs on this class of box.", ""]
     for name, rows in tables.items():
         out += [f"Draft `{name}`:", "", lever_markdown(rows), ""]
+    check = whatif.speculative_check(cm, h.draft, h.choice.point)
+    if check is not None:
+        out += [f"**All-reduce rows under speculation, checked against the public A/B**: "
+                f"{check.text()}. The model's gain shrinks under speculation "
+                + ("at least as much as the public one (test-enforced)" if check.holds() else
+                   "LESS than the public one: treat the all-reduce rows as optimistic")
+                + f". FlashInfer's own microbenchmark is not used for its latencies: its NCCL "
+                f"baseline was {whatif.microbenchmark_baseline_ratio(cm):.1f}x this host's "
+                "in-situ NCCL at the same size.", ""]
     head_rows = tables[h.draft.name]
     act = [r for r in head_rows if r.lever.kind != whatif.UPPER_BOUND and not r.lever.built]
     bounds = [r for r in head_rows if r.lever.kind == whatif.UPPER_BOUND]
@@ -542,7 +566,8 @@ def what_to_run_markdown() -> str:
         "# What to run on 8x PCIe", "",
         "<!-- Generated by `python -m vllm_kimi_ext.costmodel.report --write-docs docs/`; "
         "do not edit by hand. -->", "",
-        "> **A model, not a measurement of your box.** Every number below comes from the decode "
+        "> **A forecast ranked by evidence, not a measurement of your box.** Every number "
+        "below comes from the decode "
         "cost model in `vllm_kimi_ext/costmodel` ([cost-model.md](cost-model.md)), fitted to "
         f"{n['calibration']} public measurements of Kimi-K2.x on 8x RTX PRO 6000 (mean error "
         f"{rep.mean_abs_error('calibration'):.1%}) and checked on {n['validation']} held-out "
@@ -555,16 +580,20 @@ def what_to_run_markdown() -> str:
         "## Recommendation: single stream", "",
         headline_markdown(h), "",
     ]
+    crossover = getattr(verify_cost, "crossover_markdown", None)
+    if crossover is not None:  # the verifier's block (verify_cost.py owns its content)
+        out += [crossover(), ""]
     out += _drafts_section(cm)
-    out += ["## Sensitivity of the headline", "",
-            f"The headline draft (`{h.draft.name}`) re-optimised under one change at a time; "
-            "tok/s across its band; 'x stock' compares with stock vLLM without speculation "
-            "under the same change.", "",
-            md_table(["change", "robust choice", "tok/s low / card / high", "x stock (card)"],
+    out += ["## Sensitivity of the answer", "",
+            f"The answer's draft (`{h.draft.name}`) re-chosen by the same rule under one change "
+            "at a time; tok/s at its point acceptance with the interval; 'x stock' compares "
+            "with stock vLLM without speculation under the same change.", "",
+            md_table(["change", "choice", "evidence", "tok/s point (interval)", "x stock"],
                      _sensitivity_rows(cm, h)), ""]
     out += _levers_section(cm, h)
-    out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (table, band, "
-            "explanation); `vllm-kimi-ext plan --validate` (the fit against every public point)."]
+    out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (the answer, "
+            "the table, the evidence, the explanation); `vllm-kimi-ext plan --validate` (the "
+            "fit against every public point)."]
     return "\n".join(out) + "\n"
 
 
@@ -573,13 +602,21 @@ def what_to_run_markdown() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _with_generated_block(text: str, name: str, block: str) -> str:
+def _with_generated_block(text: str, name: str, block: str,
+                          doc: str = "docs/cost-model.md") -> str:
     begin, end = _markers(name)
     if begin not in text or end not in text:
-        raise ValueError(f"docs/cost-model.md lacks the GENERATED {name} markers")
+        raise ValueError(f"{doc} lacks the GENERATED {name} markers")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def choosing_answer_markdown() -> str:
+    """docs/choosing-a-draft.md's generated block: the answer, as README.md prints it."""
+    return ("**Which one to run** (the answer of `vllm-kimi-ext plan`, README.md and "
+            "[what-to-run.md](what-to-run.md), generated from the same function; every draft "
+            "with its evidence is there):\n\n" + headline_markdown(headline()))
 
 
 _BLOCKS = {"calibration": calibration_markdown, "sources": sources_markdown,
@@ -591,6 +628,11 @@ def generated_docs(docs_dir: str | Path) -> dict[Path, str]:
     docs_dir = Path(docs_dir)
     cost = docs_dir / "cost-model.md"
     out = {docs_dir / "what-to-run.md": what_to_run_markdown()}
+    choosing = docs_dir / "choosing-a-draft.md"
+    if choosing.exists():
+        out[choosing] = _with_generated_block(choosing.read_text(), "answer",
+                                              choosing_answer_markdown(),
+                                              "docs/choosing-a-draft.md")
     if cost.exists():
         text = cost.read_text()
         for name in GENERATED_BLOCKS:

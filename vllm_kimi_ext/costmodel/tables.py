@@ -47,25 +47,25 @@ def format_table(rec, show_all: bool = False) -> str:
     return "\n".join(lines)
 
 
-def format_band(bands) -> str:
-    """Each draft's robust choice in the low / card / high acceptance scenarios."""
-    lines = ["Acceptance band (low: public field figure, or the card shrunk by the measured "
-             "field/card ratio; high: the best published figure):"]
-    head = (f"{'draft':22s} {'scenario':8s} {'tau':>5s} {'best there':34s} {'tok/s':>7s} "
-            f"{'robust choice':>14s}")
+def format_answer(a) -> str:
+    """Each draft's choice by the answer's rule: evidence, point estimate, interval and what
+    is worth measuring (:func:`~.headline.answer`)."""
+    from vllm_kimi_ext.costmodel.evidence import WORDS
+
+    lines = [f"Ranked by evidence (point: field acceptance, else the card shrunk by the mean "
+             f"field/card ratio; interval: the band's low and high ends widened by the model's "
+             f"out-of-sample error +-{a.error:.1%}):"]
+    head = (f"{'draft':22s} {'choice':30s} {'tok/s':>7s} {'interval':>13s}  evidence; worth "
+            "measuring")
     lines += [head, "-" * len(head)]
-    for b in bands:
-        for s, rec in b.per_scenario.items():
-            p = rec.best.plan
-            best = (f"k={p.k} {p.placement}/{p.vocab} {p.verifier} {p.backend}"
-                    if p.speculative else f"no speculation ({p.backend})")
-            lines.append(f"{b.draft.name:22s} {s:8s} {b.robust_tau[s]:5.2f} {best:34s} "
-                         f"{rec.best.tokens_per_s:7.1f} {b.robust_tps[s]:14.1f}")
-        rp = b.robust.plan
-        verdict = ("holds across the band" if b.holds_across_band() else
-                   f"trails a scenario's best by up to {b.worst_shortfall:.0%}")
-        lines.append(f"  robust for {b.draft.name}: k={rp.k} {rp.placement}/{rp.vocab} "
-                     f"{rp.verifier} {rp.backend} ({verdict})")
+    for name, c, w in a.per_draft:
+        p = c.plan
+        lo, hi = c.interval
+        extra = "" if w is None else (f"; worth measuring k={w.plan.k} {w.plan.placement}/"
+                                      f"{w.plan.vocab} {w.tps['point']:.1f} tok/s")
+        choice = f"k={p.k} {p.placement}/{p.vocab} {p.verifier} {p.backend}"
+        lines.append(f"{name:22s} {choice:30s} {c.tps['point']:7.1f} {f'{lo:.0f}-{hi:.0f}':>13s}  "
+                     f"{WORDS[c.evidence.level]}{extra}")
     return "\n".join(lines)
 
 

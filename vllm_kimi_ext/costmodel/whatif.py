@@ -119,18 +119,82 @@ def cite(source_id: str) -> str:
 
 
 def flashinfer_table(cm: CostModel):
-    """``cm``'s latency table with FlashInfer's PCIe-IPC all-reduce added from its public
-    microbenchmark: interpolated between the published sizes, the last segment's bandwidth
-    above them, and NCCL wherever that is faster (an upper bound above the measured sizes:
-    vLLM dispatches by size, not by speed)."""
+    """``cm``'s latency table with FlashInfer's PCIe-IPC all-reduce costed as the one-shot
+    IPC all-reduce measured in situ on the calibration host (the table's ``custom_oneshot``
+    curve, NCCL wherever that is faster). Its public microbenchmark is not used for the
+    latencies: it was taken against an NCCL that needed ~205 us at 12 KiB
+    (``microbenchmark_nccl_us``), several times this host's in-situ NCCL, so its absolute
+    numbers do not transfer (:func:`microbenchmark_baseline_ratio`)."""
     spec = settings_data()["flashinfer_pcie_ipc"]
-    curve = curve_from_points(spec["allreduce"], "latency table settings.flashinfer_pcie_ipc")
+    curve = cm.latency.curves[ONESHOT]["allreduce"]
     return cm.latency.with_curve(FLASHINFER, "allreduce", curve,
                                  description=spec["setting"], auto_crossover=True)
 
 
+def microbenchmark_baseline_ratio(cm: CostModel) -> float:
+    """The microbenchmark's NCCL latency over this table's NCCL at the same size."""
+    nbytes, us, _ = settings_data()["flashinfer_pcie_ipc"]["microbenchmark_nccl_us"][0]
+    return us / cm.latency.latency_us("allreduce", nbytes, "nccl")
+
+
 def _flashinfer(cm, base, acc):
+    if ONESHOT not in cm.latency.backends:
+        return None  # no in-situ one-shot measurement in this table
     return _best_k(cm.with_latency(flashinfer_table(cm)), base, acc, backend=FLASHINFER)
+
+
+#: The all-reduce rows checked against the public speculative A/B (one-shot all-reduces).
+ONESHOT = "custom_oneshot"
+ONESHOT_ROWS = ("flashinfer-pcie-ipc", "b12x")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeCheck:
+    """A one-shot all-reduce's end-to-end gain over NCCL at batch 1, without speculation
+    and with ``k`` draft tokens: the model's beside the public A/B's."""
+
+    k: int
+    model_without: float
+    model_with: float
+    public_without: float
+    public_with: float
+    public_text: str
+
+    @property
+    def public_ratio(self) -> float:
+        return self.public_with / self.public_without
+
+    def holds(self, slack: float = 0.01) -> bool:
+        """The model's gain shrinks under speculation at least as much as the public A/B's
+        (``slack``: an absolute allowance)."""
+        return self.model_with <= self.model_without * self.public_ratio + slack
+
+    def text(self) -> str:
+        return (f"the model gives a one-shot all-reduce {self.model_without:+.1%} over NCCL "
+                f"without speculation and {self.model_with:+.1%} with k = {self.k} (batch 1); "
+                f"{self.public_text}: {self.public_without:+.1%} and {self.public_with:+.1%}")
+
+
+def speculative_check(cm: CostModel, draft: DraftProfile, acc: Acceptance, k: int = 3
+                      ) -> SpeculativeCheck | None:
+    """The one-shot all-reduce rows against the public speculative A/B (None when the table
+    has no one-shot curve)."""
+    if ONESHOT not in cm.latency.backends:
+        return None
+    ab = settings_data()["speculative_ab"]
+
+    def gain(plan: Plan) -> float:
+        e0 = cm.estimate(plan, acc if plan.speculative else None).tokens_per_s
+        e1 = cm.estimate(dataclasses.replace(plan, backend=ONESHOT),
+                         acc if plan.speculative else None).tokens_per_s
+        return e1 / e0 - 1
+
+    plain = Plan(k=0, batch=1, context=1024, backend="nccl")
+    spec = Plan(k=k, draft=draft, batch=1, context=1024, backend="nccl")
+    return SpeculativeCheck(k, gain(plain), gain(spec), ab["gain_without_speculation"],
+                            ab["gain_with_speculation"],
+                            f"{cite(ab['source'])} measured {ab['what']} ({ab['speculation']}, "
+                            f"TP {ab['tp']}, batch {ab['batch']})")
 
 
 def nccl_simple_table(cm: CostModel):
@@ -186,14 +250,10 @@ def _tree(widths_for: Callable[[int], list[int]]) -> Evaluate:
     return ev
 
 
-#: vLLM 0.34.0's ``SpeculativeConfig.enable_adaptive_verification``: "Currently only
-#: supported for method="dspark"".
-ADAPTIVE_METHODS = ("dspark",)
-
-
 def _adaptive(cm, base, acc):
-    if base.draft.method not in ADAPTIVE_METHODS:
-        return None
+    """vLLM 0.34.0 reads ``enable_adaptive_verification`` for every speculative method (the
+    base ``DraftModelSpeculator`` and the runner's ``AdaptiveVerificationManager``; the field
+    is not in ``_METHOD_SPECIFIC_OPTIONS``), although its docstring says DSpark only."""
     return _best_k(cm, base, acc, lambda k: Variant(
         verify_tokens_per_seq=adaptive_verify_tokens(acc, k)))
 
@@ -228,6 +288,7 @@ def _setting_levers() -> list[tuple[Lever, Evaluate]]:
     """The settings and packages, costed from the public numbers of :func:`settings_data`."""
     s = settings_data()
     fi, ll, bx = s["flashinfer_pcie_ipc"], s["nccl_proto_ll"], s["b12x_oneshot"]
+    fi_nccl, ab = fi["microbenchmark_nccl_us"][0], s["speculative_ab"]
     fi_pts = ", ".join(f"{x / 1024:g} KiB {us:g} us" for x, us, _ in fi["allreduce"])
     tpot = fi["end_to_end"]["tpot_change"]
     ll_pts = ", ".join(f"{x // 1024} KB {a:g} -> {b:g} us" for x, a, b in ll["simple_then_ll_us"])
@@ -236,12 +297,16 @@ def _setting_levers() -> list[tuple[Lever, Evaluate]]:
     return [
         (Lever("flashinfer-pcie-ipc", "FlashInfer PCIe-IPC all-reduce", "setting",
                f"{fi['setting']} (vLLM 0.34.0, TP 2/4/8)",
-               f"8x SM120 all-reduce {fi_pts} against NCCL ({cite('flashinfer-pr-4393')}); "
-               f"SGLang with it: time per output token {tpot[0]:+.0%} to {tpot[1]:+.0%} "
-               f"({cite('sglang-pr-34528')})",
-               "its idle latencies replace NCCL's for every all-reduce, the last segment's "
-               "bandwidth above 96 KiB and NCCL where faster; the fitted in-situ overhead per "
-               "collective stays"), _flashinfer),
+               f"8x SM120 microbenchmark {fi_pts} against an NCCL at {fi_nccl[1]:g} us at "
+               f"{fi_nccl[0] / 1024:g} KiB ({cite('flashinfer-pr-4393')}), so its absolute "
+               f"latencies are not used; SGLang with it: time per output token "
+               f"{tpot[0]:+.0%} to {tpot[1]:+.0%} ({cite('sglang-pr-34528')}); check: "
+               f"{cite(ab['source'])}, one-shot vs NCCL {ab['gain_without_speculation']:+.1%} "
+               f"without and {ab['gain_with_speculation']:+.1%} with speculation",
+               "the one-shot IPC all-reduce measured in situ on the calibration host (latency "
+               "table, custom_oneshot) on the speculative step's message sizes ((k+1) x "
+               "batch x hidden bf16), NCCL where faster; checked against the public "
+               "speculative A/B (what-to-run.md, under this table)"), _flashinfer),
         (Lever("nccl-ll", "NCCL low-latency protocol (box whose NCCL picks Simple)", "setting",
                f"{ll['setting']} (never LL128 on PCIe: {cite('nccl-issue-281')})",
                f"8-GPU all-reduce with Simple -> LL: {ll_pts} ({cite(ll['source'])}); on the "
@@ -259,14 +324,17 @@ def _setting_levers() -> list[tuple[Lever, Evaluate]]:
                "kernel measured on the calibration host (latency table, custom_oneshot)",
                "the latency table's measured one-stage kernel, NCCL above its crossover; "
                "needs a vLLM fork or SGLang: no vLLM 0.34.0 setting"), _with_backend),
-        (Lever("adaptive", "Adaptive verification (DSpark drafts only; oracle bound)",
-               "setting",
-               '"enable_adaptive_verification": true in --speculative-config (vLLM 0.34.0, '
-               'method "dspark" only)',
+        (Lever("adaptive", "Adaptive verification (oracle bound)", "setting",
+               '"enable_adaptive_verification": true in --speculative-config, with full CUDA '
+               "graphs (cudagraph_mode FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE; vLLM "
+               "0.34.0 refuses it otherwise, and with LoRA)",
                "no measurement on Kimi: the oracle that verifies exactly up to the first "
                "rejection (upper bound of the setting)",
-               "verify tokens per sequence = 1 + the positions reached; '-' for drafts of "
-               "other methods (vLLM 0.34.0 supports it for DSpark only)"), _adaptive),
+               "verify tokens per sequence = 1 + the positions reached; every method: vLLM "
+               "0.34.0's base speculator reads the flag and the DSpark, DFlash2, suffix and "
+               "autoregressive speculators act on it, although the field's docstring says "
+               "DSpark only; an attention backend that cannot replay varied query lengths "
+               "in its decode graphs is refused at start"), _adaptive),
     ]
 
 

@@ -21,6 +21,12 @@ draft tokenizer maps onto the target's for ``method: kimi_tli``
 turns a full-vocabulary EAGLE-3 head into a reduced-vocabulary one
 (:mod:`vllm_kimi_ext.drafts.shrink_vocab.shrink`). Exit codes: 0 written, 2 refused
 input (nothing written).
+
+``vllm-kimi-ext draft rope-config --draft D --out O [--attention-factor F]`` writes a local
+copy of a YaRN draft (``config.json`` with an explicit ``rope_scaling.attention_factor``,
+every other file linked) so vLLM 0.34.0 runs it at the factor it was trained with
+(:mod:`vllm_kimi_ext.drafts.rope_config`). Exit codes: 0 written, 2 refused input (nothing
+written).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from vllm_kimi_ext.user_input import (
     UserInputError,
     bounded_float,
     bounded_int,
+    one_line_errors,
 )
 
 EXIT_ERRORS = EXIT_FINDINGS
@@ -116,6 +123,7 @@ def _register_draft(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="draft_command", metavar="DRAFT_COMMAND")
     _register_shrink_vocab(sub)
     _register_tli_check(sub)
+    _register_rope_config(sub)
     # draft regenerate ... bill: vllm_kimi_ext.cli adds them (train depends on drafts)
 
     def needs_a_command(args: argparse.Namespace) -> int:
@@ -123,6 +131,43 @@ def _register_draft(subparsers: argparse._SubParsersAction) -> None:
                          field="DRAFT_COMMAND", expected=", ".join(sub.choices))
 
     p.set_defaults(func=needs_a_command)
+
+
+def _register_rope_config(subparsers: argparse._SubParsersAction) -> None:
+    from .rope_config import TRAINED_DEFAULT
+
+    p = subparsers.add_parser(
+        "rope-config",
+        help="copy a YaRN draft with an explicit RoPE attention factor (DFlash as trained)",
+        description=(
+            "Write a local copy of a YaRN draft directory whose config.json carries an "
+            "explicit rope_scaling.attention_factor (every other file is linked, not copied), "
+            "so vLLM 0.34.0 runs the draft's rotary embedding at that factor instead of the "
+            "one it derives from mscale / mscale_all_dim. Serve the copy as the "
+            "speculative config's model. Exit code 0 written, 2 refused input (nothing "
+            "written)."),
+        epilog=f"default --attention-factor: {TRAINED_DEFAULT}.")
+    p.add_argument("--draft", required=True, type=Path, help="the draft checkpoint directory")
+    p.add_argument("--out", required=True, type=Path,
+                   help="the copy to write (a new directory, or an empty one)")
+    p.add_argument("--attention-factor", default=None,
+                   type=bounded_float(0.0, 16.0, lo_open=True, what="an attention factor"),
+                   help="the factor to write (a number in (0, 16]; default: the draft's "
+                        "training value, see below)")
+    p.set_defaults(func=run_rope_config)
+    one_line_errors(p)
+
+
+def run_rope_config(args: argparse.Namespace) -> int:
+    from .rope_config import write_copy
+
+    done = write_copy(args.draft, args.out, args.attention_factor)
+    how = "the plain-YaRN value it was trained with" if done["default"] else "--attention-factor"
+    print(f"wrote {done['out']}: config.json with rope_scaling.attention_factor = "
+          f"{done['attention_factor']:.4f} ({how}; vLLM 0.34.0 runs the original at "
+          f"{done['vllm_0_34_factor']:.4f} from {done['vllm_0_34_why']}), {done['linked']} "
+          f"other entries linked from {args.draft}")
+    return EXIT_OK
 
 
 def _register_tli_check(subparsers: argparse._SubParsersAction) -> None:

@@ -52,7 +52,7 @@ from testkit.distributed import free_port  # stdlib only
 SETTLE_S = 1.0
 #: What a run writes into its results directory; an earlier run's are never replaced
 #: silently (``bench/e2e/runner.py run`` refuses them without ``--overwrite``).
-RESULT_NAMES = ("results.json", "report.md", "logs")
+RESULT_NAMES = ("results.json", "report.md", "logs", "forecast.json", "forecast.md")
 
 
 def _cuda_devices() -> int:

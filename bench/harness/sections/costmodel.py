@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from bench.harness.sections.base import Context, Outcome
 
-INTRO = ("A **model**, not a measurement: the decode cost model's answer for Kimi-K2.5 on the "
-         "calibrated 8x RTX PRO 6000 profile. Every draft and configuration: "
+INTRO = ("A **forecast ranked by evidence**, not a measurement: the decode cost model's answer "
+         "for Kimi-K2.5 on the calibrated 8x RTX PRO 6000 profile. Every draft and "
+         "configuration: "
          "[costmodel-plan.md](costmodel-plan.md).")
 
 
@@ -32,9 +33,13 @@ def run_costmodel(ctx: Context) -> Outcome:
     p = h.plan
     answer = {"draft": h.draft.name, "checkpoint": h.draft.checkpoint, "k": p.k,
               "placement": p.placement, "vocab": p.vocab, "verifier": p.verifier,
-              "backend": p.backend, "tokens_per_s_card": round(h.choice.robust_tps["card"], 1),
-              "tokens_per_s_low": round(h.choice.robust_tps["low"], 1),
-              "tokens_per_s_high": round(h.choice.robust_tps["high"], 1)}
+              "backend": p.backend, "evidence": h.choice.evidence.level,
+              "tokens_per_s_point": round(h.choice.tps["point"], 1),
+              "interval_tokens_per_s": [round(x, 1) for x in h.choice.interval],
+              "out_of_sample_error": round(h.error, 4),
+              "worth_measuring": (None if h.worth_measuring is None else {
+                  "draft": h.worth_measuring.draft.name, "k": h.worth_measuring.plan.k,
+                  "tokens_per_s_point": round(h.worth_measuring.tps["point"], 1)})}
     return Outcome("ok", data={"hardware": PCIE, "configurations": max(rows, 0),
                                "answer": answer},
                    markdown="\n".join([INTRO, "", short.strip()]),

@@ -48,6 +48,7 @@ from .checks import (
     check_rope,
     check_special_ids,
     check_vocab,
+    check_yarn_factor,
     diagnose_mtp,
     effective_aux_layer_ids,
     infer_method,
@@ -333,6 +334,7 @@ def diagnose_configs(
     out += check_vocab(d, tensors, t_vocab, tensors_complete=tensors_complete)
     out += check_hidden(d, t_hidden)
     out += check_rope(tgt, d)
+    out += check_yarn_factor(d, method)
     out += check_special_ids(d, t_vocab)
     if method == "dflash":
         out += check_dflash_mask(d, t_vocab)
