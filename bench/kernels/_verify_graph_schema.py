@@ -12,6 +12,7 @@ time ``null`` and ``dry_run: true``; :func:`problems` refuses null times otherwi
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Literal
 
 from bench.harness.schema import validate
@@ -147,3 +148,17 @@ def problems(doc: Any) -> list[str]:
         if c["rows"] % (c["k"] + 1):
             out.append(f"{where}: rows {c['rows']} is not a multiple of k + 1 = {c['k'] + 1}")
     return out
+
+
+def as_measured(dry_doc: dict, ours_us: float = 10.0, other_us: float = 20.0) -> dict:
+    """A copy of a dry-run report with made-up times in every case (``ours_us`` for ours,
+    ``other_us`` for the rest): for tests of the report's readers, never for a report."""
+    doc = json.loads(json.dumps(dry_doc))
+    doc["dry_run"] = False
+    for c in doc["cases"]:
+        for f in TIMED:
+            c[f] = other_us
+        c["ours_graph_us"] = ours_us
+        c["speedup_vs_vllm"] = other_us / ours_us
+    return doc
+

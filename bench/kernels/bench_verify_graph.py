@@ -554,6 +554,8 @@ def run(args) -> dict:
                                          "batch_sharded_us", "speedup_vs_vllm", "rounds",
                                          "uncertified_rows")}, flush=True)
         report["cases"].append(case)
+        write_report(report, args.out_dir, args.name)  # after every case: a run stopped
+        # half-way (a time limit) leaves the cases it finished
     if dry:
         report["dry_run_note"] = (
             DRY_VLLM_NOTE if kern is not None else
@@ -756,7 +758,7 @@ def body(args: argparse.Namespace) -> int:
         print(f"{PROG}: needs a CUDA device (or --dry-run); skipped")
         return EXIT_OK
     report = run(args)
-    write_report(report, args.out_dir, args.name)
+    write_report(report, args.out_dir, args.name)  # the note on the old escalation comes last
     print(markdown(report))
     bad = [c for c in report["cases"] if failed(c)]
     if bad:
