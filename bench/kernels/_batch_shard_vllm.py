@@ -209,6 +209,7 @@ class BatchShardedRank:
         group = types.SimpleNamespace(rank_in_group=rank, world_size=tp,
                                       device_communicator=types.SimpleNamespace(pynccl_comm=comm))
         bs.get_tp_group = lambda: group
+        self.num_rejected = torch.zeros(len(local_reqs), dtype=torch.int32, device=dev)
         self.gathered = None  # the output all-gather's result buffer, made on first use
         bs.tensor_model_parallel_all_gather = self._all_gather
         self.sharder = bs.BatchSharder(MAX_NUM_SEQS, k + 1, dev, False, None)
@@ -233,10 +234,10 @@ class BatchShardedRank:
                                             meta.num_local_logits)
         logits = logits[:, :self.vocab]
         sampled, num_sampled = self.sample(logits, self.local_kw)
-        local_out = types.SimpleNamespace(
-            sampled_token_ids=sampled, num_sampled=num_sampled,
-            num_rejected=(self.k + 1 - num_sampled).to(torch.int32), num_nans=None)
-        self._meta = meta
+        # num_rejected comes from get_num_sampled_and_rejected, which both of vLLM's paths
+        # run and neither side times: a constant stands in for it here
+        local_out = types.SimpleNamespace(sampled_token_ids=sampled, num_sampled=num_sampled,
+                                          num_rejected=self.num_rejected, num_nans=None)
         return bs.gather_sampler_output(local_out, meta, self.send.device, self.batch,
                                         local_batch, gather_num_nans=False, logprobs_dims=None)
 
