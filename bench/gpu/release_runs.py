@@ -142,9 +142,9 @@ def step_command(step: str, args) -> list[str]:
         cmd += ["--vllm-src", str(ROOT / CARRY)]
     if args.logits is not None:
         cmd += ["--logits", str(args.logits)]
-    if args.quick or args.dry_run:
-        cmd.append("--quick")
-    return cmd + (["--dry-run"] if args.dry_run else [])
+    if args.dry_run:  # the CPU form, kept short: the four modes at k = 3, 4 rows
+        return cmd + ["--dry-run", "--rows", "4", "--ks", "3"]
+    return cmd + (["--quick"] if args.quick else [])
 
 
 def run_step(step: str, args) -> dict:

@@ -5,7 +5,7 @@ verify step and against vLLM's batch-sharded sampling, per rank on one GPU
 
     python bench/kernels/bench_verify_graph.py [--vllm-src DIR] [--logits ROWS.pt]
         [--out-dir DIR] [--name NAME] [--quick] [--rounds N] [--per-graph N]
-        [--rows 4,16] [--ks 3] [--modes greedy,top_p_T1] [--escalation split|old|both]
+        [--rows 4,16] [--ks 3] [--modes greedy,top_p_T1] [--escalation both|split]
     python bench/kernels/bench_verify_graph.py --dry-run --out-dir DIR   # CPU, no timing
 
 ``ROWS.pt``: bf16 logits rows of a real model (``bench/topp_fallback.py
@@ -20,7 +20,7 @@ Modes: ``top_p_T1`` (T = 1.0, top_p 0.95: Kimi's thinking mode), ``top_p_T0.6``
   (Triton) captured in one CUDA graph; every all-gather replaced by a copy of the
   bytes the 8 simulated ranks exchanged for that input (recorded eagerly first),
   so the merges are the real ones and communication itself is not timed.
-  ``--escalation old`` / ``both`` also times the step with the escalation kernel it
+  ``--escalation both`` (the default) also times the step with the escalation kernel it
   had before the split one (one program per row), when the code still has it; the
   report says why when it does not.
 * ``vllm``: what every rank runs after today's full logits all-gather, captured in
@@ -120,7 +120,7 @@ MODES = {
     "greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0},
     "topk_minp": {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": 0.05},
 }
-ESCALATIONS = ("split", "old", "both")
+ESCALATIONS = ("both", "split")
 DRY_VLLM_NOTE = ("vLLM's kernels (rejection_sample, the batch shard plan, pack and unpack) "
                  "run by Triton's interpreter on CPU for the modes without top-k/top-p; "
                  "vLLM's top-k/top-p kernel does not run under the interpreter")
@@ -438,8 +438,7 @@ def run_case(z, k: int, mname: str, args, kern: dict | None, gen, vocab: int) ->
                     deferred_rows=int(out.deferred.sum()), graph_equals_eager=same,
                     old_escalation_equals_new=old_same)
         case["reference"] = reference_check(z, b, out, vocab)
-        if args.escalation != "old":
-            calls["ours"] = call
+        calls["ours"] = call
         if old_call is not None:
             calls["ours_old_escalation"] = old_call
         elif old_why:
@@ -510,9 +509,15 @@ def _dry_provenance(vinfo) -> dict:
     import datetime as _dt
     import platform
 
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
     return {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "gpu": "none (dry run on CPU)", "sm_count": 0, "torch": torch.__version__,
-            "triton": None, "python": platform.python_version(), "vllm_kernel": vinfo}
+            "triton": triton_version, "python": platform.python_version(), "vllm_kernel": vinfo}
 
 
 def run(args) -> dict:
@@ -539,7 +544,7 @@ def run(args) -> dict:
               "date": prov["date_utc"], "timing_rounds": args.rounds,
               "steps_per_graph": args.per_graph, "vocab_size": vocab, "tp": TP,
               "dry_run": dry, "vllm_method": VllmVerify.__doc__.split("\n\n")[0].replace(
-                  "\n    ", " ").strip()}
+                  "\n    ", " ").replace("``", "`").strip()}
     if not dry:
         warm_gpu()
     for k, rows, mname in itertools.product(args.ks, args.rows, args.modes):
@@ -697,8 +702,9 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--modes", type=_choice_list(tuple(MODES)), default=None,
                     help=f"comma list of modes (default all: {', '.join(MODES)})")
     ap.add_argument("--escalation", choices=ESCALATIONS, default="both",
-                    help="which escalation kernel of our step to time: the split one, the "
-                         "old one-program-per-row one (when the code still has it), or both")
+                    help="both: also time our step with the old one-program-per-row "
+                         "escalation kernel (when the code still has it); split: only the "
+                         "split escalation")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, V = 4096, torch backend, nothing timed: the cases, checks, "
                          "byte counts and the report's schema")
