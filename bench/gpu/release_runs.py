@@ -75,6 +75,11 @@ PATCH_0002_FILE = "tests/gpu/test_patch_0002_gpu.py"
 #: Default per-step limits (s): both fit one 10-minute call only with --quick.
 TIMEOUTS = {"tests": 420, "bench": 540}
 CARRY = ".vllm_src"
+#: Real logits rows for the benchmark (git-ignored; carried when present). The committed
+#: report was measured on SmolLM2-135M rows made by this command (CPU, minutes):
+ROWS_FILE = "bench/out/verify_rows_smollm2.pt"
+ROWS_COMMAND = ("python bench/topp_fallback.py --per-dataset 8 --answer-tokens 48 "
+                f"--save-rows 384 --save-logits {ROWS_FILE} --out-dir bench/out/topp_fallback")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,8 +125,16 @@ def prepare(args) -> int:
     size = sum((dest / f).stat().st_size for f in files)
     print(f"{PROG}: copied {len(files)} vLLM source files ({size / 1e6:.2f} MB) from {tree} "
           f"into {dest}")
-    print("carry to the GPU machine (with the working tree): "
-          f"{dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
+    carry = [str(dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest)]
+    rows = ROOT / ROWS_FILE
+    if rows.is_file():
+        carry.append(ROWS_FILE)
+        print(f"{PROG}: real logits rows for the benchmark: {ROWS_FILE} "
+              f"({rows.stat().st_size / 1e6:.1f} MB)")
+    else:
+        print(f"{PROG}: no {ROWS_FILE}: the benchmark would use synthetic rows (the committed "
+              f"report used real ones); to make them first: {ROWS_COMMAND}")
+    print("carry to the GPU machine (with the working tree): " + ", ".join(carry))
     print("run there, from the repository root, one call each (about 10 minutes each):")
     print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --steps tests")
     print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --steps bench")
@@ -140,8 +153,9 @@ def step_command(step: str, args) -> list[str]:
     cmd = [py, "bench/kernels/bench_verify_graph.py", "--out-dir", out, "--name", REPORT]
     if (ROOT / CARRY).is_dir():
         cmd += ["--vllm-src", str(ROOT / CARRY)]
-    if args.logits is not None:
-        cmd += ["--logits", str(args.logits)]
+    rows = args.logits or (ROOT / ROWS_FILE if (ROOT / ROWS_FILE).is_file() else None)
+    if rows is not None:
+        cmd += ["--logits", str(rows)]
     if args.dry_run:  # the CPU form, kept short: the four modes at k = 3, 4 rows
         return cmd + ["--dry-run", "--rows", "4", "--ks", "3"]
     return cmd + (["--quick"] if args.quick else [])
@@ -327,7 +341,8 @@ def build_parser() -> ArgumentParser:
                    help="seconds per step (default tests "
                         f"{TIMEOUTS['tests']}, bench {TIMEOUTS['bench']})")
     r.add_argument("--quick", action="store_true", help="the benchmark's --quick")
-    r.add_argument("--logits", type=Path, default=None, help="the benchmark's --logits")
+    r.add_argument("--logits", type=Path, default=None,
+                   help=f"the benchmark's --logits (default {ROWS_FILE} when it exists)")
     r.add_argument("--dry-run", action="store_true",
                    help="the steps' CPU forms (collect tests/gpu; the benchmark's dry run)")
     add_debug(r, sub=True)

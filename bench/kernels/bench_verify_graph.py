@@ -495,14 +495,20 @@ def failed(case: dict) -> bool:
 # ---------------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------------
-def _logits_rows(args, gen, width: int) -> tuple[torch.Tensor, str]:
+def _logits_rows(args, gen, dry: bool) -> tuple[torch.Tensor, str]:
+    """The rows every case samples from: ``--logits`` (a dry run keeps the first ids only,
+    up to half its vocabulary) or synthetic rows over 49152 ids (a dry run: 2048)."""
+    width = DRY_V // 2 if dry else None
     if args.logits:
         obj = torch.load(args.logits)
         real = (obj["logits_bf16"] if isinstance(obj, dict) else obj).to(torch.bfloat16)
         src = (f"real rows, {real.shape[0]} x {real.shape[1]} bf16"
                + (f": {obj['source']}" if isinstance(obj, dict) and "source" in obj else ""))
-        return real[:, :width] if real.shape[1] > width else real, src
-    return synthetic_rows(512, gen, width), "synthetic heavy-tailed rows (no --logits given)"
+        if width is not None and real.shape[1] > width:
+            real, src = real[:, :width], f"{src} (dry run: the first {width} ids)"
+        return real, src
+    return (synthetic_rows(512, gen, width or 49152),
+            "synthetic heavy-tailed rows (no --logits given)")
 
 
 def _dry_provenance(vinfo) -> dict:
@@ -525,7 +531,7 @@ def run(args) -> dict:
     vocab = DRY_V if dry else V
     dev = "cpu" if dry else "cuda"
     gen = torch.Generator().manual_seed(0)
-    real, source = _logits_rows(args, gen, vocab // 2 if dry else vocab)
+    real, source = _logits_rows(args, gen, dry)
     kern, vinfo = None, {"how": "not loaded (dry run without vLLM's source files)"}
     if dry and args.vllm_src is not None:
         os.environ["TRITON_INTERPRET"] = "1"  # before vLLM's kernels are decorated
