@@ -97,6 +97,7 @@ class Case:
     ours_error: str | None = None
     vllm_error: str | None = None
     batch_sharded_error: str | None = None
+    ours_old_escalation_error: str | None = None
 
 
 @dataclasses.dataclass
@@ -119,6 +120,8 @@ class Report:
     old_escalation: str | None = None
     #: A dry run: which of vLLM's kernels ran (by Triton's interpreter) and which did not.
     dry_run_note: str | None = None
+    #: Written only by a run whose report broke this schema (never accepted).
+    schema_problems: list[str] | None = None
 
 
 TIMED = ("ours_graph_us", "vllm_graph_us", "batch_sharded_us")
@@ -130,9 +133,13 @@ def problems(doc: Any) -> list[str]:
     out = validate(doc, Report)
     if out:
         return out
+    if doc.get("schema_problems"):
+        out.append(f"$.schema_problems: the run found {len(doc['schema_problems'])} "
+                   f"problem(s), first: {doc['schema_problems'][0]}")
     for i, c in enumerate(doc["cases"]):
         where = f"$.cases[{i}]"
-        failed = any(c.get(e) for e in ("ours_error", "vllm_error", "batch_sharded_error"))
+        failed = any(c.get(e) for e in ("ours_error", "ours_old_escalation_error",
+                                         "vllm_error", "batch_sharded_error"))
         for field in TIMED:
             v = c.get(field)
             if doc["dry_run"] and v is not None:

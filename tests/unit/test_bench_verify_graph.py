@@ -124,6 +124,7 @@ def test_dry_run_runs_vllm_batch_sharded_against_vllm(dry_run):
     (lambda d: d["cases"][0].update(rows=5), "not a multiple of k + 1"),
     (lambda d: d["cases"][0]["bytes_per_rank"]["ours"].pop("sent"), "sent: missing"),
     (lambda d: d.update(surprise=1), "surprise: unknown field"),
+    (lambda d: d.update(schema_problems=["$.x: missing"]), "the run found 1 problem"),
 ])
 def test_schema_refuses(dry_run, edit, words):
     doc = schema.as_measured(dry_run[1])
