@@ -3,9 +3,11 @@
 (delegating to it) and the EAGLE-3 DeepSeek head (``Eagle3DeepseekV2ForCausalLM``) with and
 without a reduced draft vocabulary (``d2t``).
 
-**Level.** The GPU machine this runs on has torch 2.11 and Triton but no vLLM and none of
-vLLM's Python dependencies (pydantic, msgspec, ...); vLLM 0.34.0's model modules cannot be
-imported there, so no model is built. What runs is vLLM's own code from the patched source
+**Level.** The GPU machine these runs target has torch 2.11 and Triton but no vLLM (0.34.0
+needs a newer torch) and none of its Python dependencies: importing
+``vllm.model_executor.models.deepseek_v2`` on the Python-only CPU build loads pydantic,
+msgspec, pyzmq, xgrammar, llguidance, cbor2 and a dozen more, and vLLM's Python tree alone
+is 62 MB. So no model is built there. What runs is vLLM's own code from the patched source
 tree (``.vllm_src/`` or ``build/vllm-0.34.0/``): ``LogitsProcessor`` (``logits_processor.py``
 loaded under stub parents) and the models' ``compute_logits`` / ``compute_logits_local``
 method bodies compiled from their classes in ``deepseek_v2.py``, ``deepseek_eagle3.py``,
