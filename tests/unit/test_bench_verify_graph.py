@@ -172,3 +172,94 @@ def test_bad_arguments(tmp_path, capsys, argv, words):
     assert words in err and "Traceback" not in out + err
     assert len(err.strip().splitlines()) == 1, err
     assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# canary: the benchmark's vLLM side decides as vLLM 0.34.0's SamplingStates does
+# ---------------------------------------------------------------------------------------------
+STATES = "vllm/v1/worker/gpu/sample/states.py"
+STATE_METHODS = ("add_request", "masks_logits", "apply_temperature", "apply_min_p",
+                 "get_top_k_top_p", "apply_top_k_top_p")
+
+
+def _sampling_states(tree: Path, calls: list):
+    """vLLM's ``SamplingStates`` with the methods the verify path uses, compiled from the
+    source; the kernels it launches record their call in ``calls`` instead."""
+    import ast
+
+    import numpy as np
+    import torch
+
+    node = next(n for n in ast.parse((tree / STATES).read_text()).body
+                if isinstance(n, ast.ClassDef) and n.name == "SamplingStates")
+    node.body = [f for f in node.body
+                 if isinstance(f, ast.FunctionDef) and f.name in STATE_METHODS]
+    assert {f.name for f in node.body} == set(STATE_METHODS), "SamplingStates changed"
+    for f in node.body:
+        f.returns = None
+        for a in f.args.args:
+            a.annotation = None
+    ns = {"np": np, "torch": torch, "NO_LOGPROBS": -1,
+          "_NP_INT64_MIN": np.iinfo(np.int64).min, "_NP_INT64_MAX": np.iinfo(np.int64).max,
+          "apply_temperature": lambda *a: calls.append("temperature"),
+          "apply_min_p": lambda *a: calls.append("min_p"),
+          "apply_top_k_top_p": lambda x, k, p, has_topp_only_rows: calls.append(
+              ("top_k_top_p", k is not None, p is not None, has_topp_only_rows)) or x}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(tree / STATES), "exec"), ns)
+    return ns["SamplingStates"]
+
+
+@pytest.mark.parametrize("mname", list(bvg.MODES))
+def test_vllm_side_decides_as_vllm(mname):
+    """Per mode: the float32 copy (vLLM: a request that ``add_request`` says needs processing
+    or that ``masks_logits``), which of temperature / min-p / top-k-top-p run and with what,
+    and ``skip_masked_vocab_blocks`` (``masks_logits``) are the same in the benchmark's
+    ``VllmVerify`` and in vLLM's ``SamplingStates`` (compiled from its source)."""
+    import types
+
+    import numpy as np
+    import torch
+
+    tree = _vllm_tree()
+    if tree is None:
+        pytest.skip("no vLLM source tree (.vllm_src/ or build/vllm-0.34.0/)")
+    mode, V, k = bvg.MODES[mname], 1024, 3
+    theirs: list = []
+    states = _sampling_states(tree, theirs)
+    st = states.__new__(states)
+    st.vocab_size = V
+
+    def arr(a):
+        return types.SimpleNamespace(np=a, gpu=torch.from_numpy(a))
+
+    st.temperature, st.top_p, st.min_p = (arr(np.zeros(1, np.float32)) for _ in range(3))
+    st.top_k, st.seeds = arr(np.zeros(1, np.int32)), arr(np.zeros(1, np.int64))
+    st.seeds_set, st.num_logprobs = np.zeros(1, bool), np.full(1, -1, np.int32)
+    params = types.SimpleNamespace(temperature=mode["temperature"], top_k=mode["top_k"],
+                                   top_p=mode["top_p"], min_p=mode["min_p"], seed=1,
+                                   logprobs=None)
+    needs = st.add_request(0, params)
+    masks = bool(st.masks_logits(0))
+    idx, eim = np.zeros(1, np.int64), torch.zeros(k + 1, dtype=torch.int64)
+    logits = torch.zeros(k + 1, V)
+    st.apply_temperature(logits, eim, idx)
+    st.apply_min_p(logits, eim, idx)
+    st.apply_top_k_top_p(logits, eim, idx)
+
+    ours: list = []
+    seen: dict = {}
+
+    def rejection_sample(x, **kw):
+        seen.update(fp32=x.dtype == torch.float32, skip=kw["skip_masked_vocab_blocks"])
+        return x, None
+
+    kern = {"temperature": lambda *a: ours.append("temperature"),
+            "min_p": lambda *a: ours.append("min_p"),
+            "top_k_top_p": lambda x, k, p, has_topp_only_rows: ours.append(
+                ("top_k_top_p", k is not None, p is not None, has_topp_only_rows)) or x,
+            "rejection_sample": rejection_sample}
+    verify = bvg.VllmVerify(kern, mode, k, torch.zeros((1, k), dtype=torch.int64),
+                            torch.zeros(1, dtype=torch.int64), V, "cpu")
+    verify(torch.zeros(k + 1, V, dtype=torch.bfloat16), verify.full_kwargs())
+    assert ours == theirs
+    assert seen == {"fp32": bool(needs or masks), "skip": masks}
