@@ -25,10 +25,9 @@ after every step, and the benchmark rewrites its report after every case, so a r
 by a time limit still returns what finished. ``run --dry-run`` (any machine): the same steps
 in their CPU form (``pytest tests/gpu --collect-only``; the benchmark's ``--dry-run``).
 
-The serving-safety replay is the verify step's own GPU test in ``tests/gpu``; this driver
-finds it by ``-k`` :data:`REPLAY_K` and reads the count from the line it prints,
-:data:`UNCAPTURED_RE` (an assumption about that test: the summary says ``null`` when no such
-line was printed).
+The serving-safety replay is the verify step's own GPU test, :data:`REPLAY_TEST`; the
+driver reads the uncaptured-step count from the line it prints, :data:`REPLAY_RE` (steps
+minus replayed steps; the summary says ``null`` when no such line was printed).
 
 Exit status: 0 every step ran clean; 1 a step failed or timed out (``run``), or the report
 has problems (``install``); 2 usage error or unreadable input (one line on stderr; ``--debug``
@@ -67,10 +66,11 @@ PROG = "release_runs"
 SCHEMA = "vllm-kimi-ext/release-gpu-runs/1"
 REPORT = "verify_graph_vs_vllm_h200"
 STEPS = ("tests", "bench")
-#: pytest ``-k`` expression of the serving-safety replay test in tests/gpu (assumption).
-REPLAY_K = "replay"
-#: The replay test's line with the count of steps that ran outside a captured graph.
-UNCAPTURED_RE = re.compile(r"uncaptured steps:\s*(\d+)\s*(?:of|/)\s*(\d+)")
+#: The serving-safety replay test (the verify step's: StepGraphs over 1,000 steps of 1-256
+#: requests) and the line it prints (``steps N, replayed R, uncaptured {reason: count}``).
+REPLAY_TEST = ("tests/gpu/test_verify_step_graphs_gpu.py::"
+               "test_thousand_steps_of_changing_batch_sizes_replay_captured_graphs")
+REPLAY_RE = re.compile(r"steps (\d+), replayed (\d+), uncaptured (\{[^}]*\})")
 PATCH_0002_FILE = "tests/gpu/test_patch_0002_gpu.py"
 #: Default per-step limits (s): both fit one 10-minute call only with --quick.
 TIMEOUTS = {"tests": 420, "bench": 540}
@@ -213,15 +213,18 @@ def summarize_tests(out_dir: Path, dry_run: bool) -> dict:
     counts: dict[str, int] = {}
     for c in cases.values():
         counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
-    m = UNCAPTURED_RE.search(text)
-    replay = {k: v for k, v in cases.items() if REPLAY_K in k.split("::")[-1]}
+    m = REPLAY_RE.search(text)
+    test_file, test_name = REPLAY_TEST.split("::")
+    replay = {k: v for k, v in cases.items()
+              if Path(test_file).stem in k and k.endswith(test_name)}
     return {
         "counts": counts, "cases": cases,
         "patch_0002": {k: v for k, v in cases.items()
                        if Path(PATCH_0002_FILE).stem in k},
-        "replay": {"k": REPLAY_K, "cases": replay,
-                   "uncaptured_steps": int(m.group(1)) if m else None,
-                   "replayed_steps": int(m.group(2)) if m else None,
+        "replay": {"test": REPLAY_TEST, "cases": replay,
+                   "steps": int(m.group(1)) if m else None,
+                   "uncaptured_steps": int(m.group(1)) - int(m.group(2)) if m else None,
+                   "uncaptured_by_reason": m.group(3) if m else None,
                    "line": m.group(0) if m else None},
     }
 

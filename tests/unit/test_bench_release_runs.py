@@ -55,25 +55,28 @@ def test_dry_run_runs_both_steps(dry):
 
 
 def test_replay_count_is_read_from_the_log(tmp_path):
-    (tmp_path / "tests_gpu.log").write_text("...\nuncaptured steps: 3 of 1000\n...")
+    (tmp_path / "tests_gpu.log").write_text(
+        "...\nsteps 1000, replayed 997, uncaptured {'no graph fits': 3}, escalated rows 41\n")
     r = rr.summarize_tests(tmp_path, dry_run=False)["replay"]
-    assert (r["uncaptured_steps"], r["replayed_steps"]) == (3, 1000)
+    assert (r["steps"], r["uncaptured_steps"]) == (1000, 3)
+    assert r["uncaptured_by_reason"] == "{'no graph fits': 3}"
     (tmp_path / "tests_gpu.log").write_text("no such line")
     assert rr.summarize_tests(tmp_path, dry_run=False)["replay"]["uncaptured_steps"] is None
 
 
 def test_outcomes_from_junit_xml(tmp_path):
+    name = rr.REPLAY_TEST.split("::")[1]
     (tmp_path / "tests_gpu.xml").write_text(
         '<testsuites><testsuite>'
         '<testcase classname="tests.gpu.test_patch_0002_gpu" name="test_a"/>'
-        '<testcase classname="tests.gpu.test_x" name="test_replay_b">'
+        f'<testcase classname="tests.gpu.test_verify_step_graphs_gpu" name="{name}">'
         '<skipped message="needs 1 CUDA device(s), found 0"/></testcase>'
-        '<testcase classname="tests.gpu.test_x" name="test_c"><failure message="boom"/>'
+        '<testcase classname="tests.gpu.test_x" name="test_replay_c"><failure message="boom"/>'
         '</testcase></testsuite></testsuites>')
     s = rr.summarize_tests(tmp_path, dry_run=False)
     assert s["counts"] == {"passed": 1, "skipped": 1, "failed": 1}
     assert list(s["patch_0002"]) == ["tests.gpu.test_patch_0002_gpu::test_a"]
-    assert s["replay"]["cases"] == {"tests.gpu.test_x::test_replay_b": {
+    assert s["replay"]["cases"] == {f"tests.gpu.test_verify_step_graphs_gpu::{name}": {
         "outcome": "skipped", "message": "needs 1 CUDA device(s), found 0"}}
 
 
