@@ -276,19 +276,19 @@ class Replay:
 
 def old_escalation(step) -> str | None:
     """Switch ``step`` to the escalation kernel of one program per row; None when done,
-    else why not (fail closed: reads our own step's internals, which may move)."""
+    else why not. Fail closed, as it reads our own step's internals (which may move): the
+    step must keep its split-escalation scratch in ``_escalation_scratch`` and hand it to
+    ``_graph_kernels.escalate_one_hot`` as ``store``, whose ``None`` selects the old kernel."""
     import inspect
-
-    from vllm_kimi_ext.verify import graph_step
 
     gk = importlib.import_module("vllm_kimi_ext.verify._graph_kernels")
     fn = getattr(gk, "escalate_one_hot", None)
-    if not hasattr(step, "_escalation_scratch") or fn is None or "store" not in \
-            inspect.signature(fn).parameters or "scratch" not in \
-            inspect.signature(getattr(graph_step, "escalate", lambda: None)).parameters:
+    store = inspect.signature(fn).parameters.get("store") if fn is not None else None
+    if (not hasattr(step, "_escalation_scratch") or store is None or store.default is not None
+            or "self._escalation_scratch)" not in inspect.getsource(type(step))):
         return ("not available in this code: GraphVerifyStep has no switch back to the "
                 "one-program-per-row escalation")
-    step._escalation_scratch = None  # escalate(..., scratch=None) -> the old kernel
+    step._escalation_scratch = None
     return None
 
 

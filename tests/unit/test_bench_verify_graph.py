@@ -263,3 +263,17 @@ def test_vllm_side_decides_as_vllm(mname):
     verify(torch.zeros(k + 1, V, dtype=torch.bfloat16), verify.full_kwargs())
     assert ours == theirs
     assert seen == {"fp32": bool(needs or masks), "skip": masks}
+
+
+def test_old_escalation_switch_fails_closed():
+    """The switch to the old escalation kernel works on today's step and refuses a step
+    that does not hand its scratch to the kernels (the report then says why)."""
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+
+    step = GraphVerifyStep(4096, 8, 0, lambda t: t[None], backend="torch")
+    assert bvg.old_escalation(step) is None and step._escalation_scratch is None
+
+    class Moved:  # a step whose escalation no longer reads _escalation_scratch
+        _escalation_scratch: dict = {}
+
+    assert "not available" in bvg.old_escalation(Moved())
