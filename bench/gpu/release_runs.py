@@ -135,7 +135,10 @@ def prepare(args) -> int:
         print(f"{PROG}: no {ROWS_FILE}: the benchmark would use synthetic rows (the committed "
               f"report used real ones); to make them first: {ROWS_COMMAND}")
     print("carry to the GPU machine (with the working tree): " + ", ".join(carry))
-    print("run there, from the repository root, one call each (about 10 minutes each):")
+    print("check the copy first (CPU): python bench/gpu/release_runs.py run --dry-run "
+          "--out /tmp/release-dry-run")
+    print("run there, from the repository root, one call each (the step limits keep a call "
+          "under 10 minutes):")
     print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --steps tests")
     print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --steps bench")
     return EXIT_OK
@@ -249,9 +252,13 @@ def write_summary(summary: dict, out_dir: Path) -> None:
 
 def run(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    cuda = torch.cuda.is_available()
     summary = {"schema": SCHEMA, "dry_run": args.dry_run, "steps": [],
-               "python": sys.version.split()[0], "started_utc": time.strftime(
-                   "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+               "python": sys.version.split()[0], "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name(0) if cuda else None,
+               "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_summary(summary, args.out)
     for step in args.steps:
         print(f"{PROG}: {step} ...", flush=True)
