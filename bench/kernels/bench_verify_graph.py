@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import itertools
 import json
 import os
@@ -547,6 +548,8 @@ def run(args) -> dict:
     gen = torch.Generator().manual_seed(0)
     real, source = _logits_rows(args, gen, dry)
     kern, vinfo = None, {"how": "not loaded (dry run without vLLM's source files)"}
+    if dry and args.vllm_src is not None and importlib.util.find_spec("triton") is None:
+        args.vllm_src, vinfo = None, {"how": "not loaded (dry run without Triton)"}
     if dry and args.vllm_src is not None:
         os.environ["TRITON_INTERPRET"] = "1"  # before vLLM's kernels are decorated
     if not dry or args.vllm_src is not None:
@@ -584,7 +587,7 @@ def run(args) -> dict:
     if dry:
         report["dry_run_note"] = (
             DRY_VLLM_NOTE if kern is not None else
-            "vLLM not run: no vLLM source files (--vllm-src, .vllm_src/ or build/vllm-0.34.0/)")
+            f"vLLM not run: {vinfo['how']} (--vllm-src, .vllm_src/ or build/vllm-0.34.0/)")
     if args.old_escalation_why:
         report["old_escalation"] = args.old_escalation_why
     elif args.escalation != "split" and dry:
