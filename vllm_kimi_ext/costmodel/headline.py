@@ -29,6 +29,7 @@ import dataclasses
 import json
 from functools import lru_cache
 
+from vllm_kimi_ext import envs
 from vllm_kimi_ext.costmodel.acceptance import (
     Acceptance,
     AcceptanceBand,
@@ -308,9 +309,9 @@ def speculative_config(plan: Plan) -> dict:
 def serve_env(plan: Plan, requires=()) -> dict[str, str]:
     """Environment variables the serve command sets: ``VLLM_KIMI_EXT=1`` when ``requires``
     (the plan's :class:`~.recommend.Requirement` list) needs anything from this project."""
-    env = {"VLLM_KIMI_EXT": "1"} if requires else {}
+    env = {envs.ENABLE.name: "1"} if requires else {}
     if plan.verifier == "sharded":
-        env["VLLM_KIMI_EXT_SHARDED_VERIFY"] = "1"
+        env[envs.SHARDED_VERIFY.name] = "1"
     return env
 
 
