@@ -135,8 +135,9 @@ class Replay:
 
 def record_rank0(z: torch.Tensor, b, plan_kw: dict):
     """Run all 8 ranks eagerly (threads); return rank 0's gathered tensors, plan and output."""
-    from testkit.verify_simulate import run_ranks, shard_columns
-    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs
+    from testkit.verify_simulate import plan_for_layout, run_ranks, shard_columns
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+    from vllm_kimi_ext.verify.step_plan import StepInputs
 
     shards = shard_columns(z, TP, V)
     L = b.layout()
@@ -152,7 +153,8 @@ def record_rank0(z: torch.Tensor, b, plan_kw: dict):
             return out
 
         step = GraphVerifyStep(V, TP, rank, gather, backend="triton")
-        plan = step.plan(L, **plan_kw)
+        plan = plan_for_layout(L, tp_size=TP, shard_width=step.shard_width, vocab_size=V,
+                               logits_bytes=z.element_size(), **plan_kw)
         o = step.run(shards[rank], inp, plan)
         if rank == 0:
             res["plan"], res["out"] = plan, o

@@ -9,8 +9,8 @@ from __future__ import annotations
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_kimi_ext.comm import accounting
+from vllm_kimi_ext.integration import sharded_verify
 from vllm_kimi_ext.patching import Patch
-from vllm_kimi_ext.verify import vllm_runner
 
 
 class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
@@ -30,8 +30,8 @@ class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
 
 class GPUModelRunnerShardedVerify(Patch[GPUModelRunner]):
     """Eligible verification steps over vocabulary shards; every other step
-    through the stock method (:func:`~vllm_kimi_ext.verify.vllm_runner.sample_step`)."""
+    through the stock method (:func:`~vllm_kimi_ext.integration.sharded_verify.sample_step`)."""
 
     def sample(self, hidden_states, input_batch, grammar_output):
-        return vllm_runner.sample_step(self, GPUModelRunnerShardedVerify.original("sample"),
+        return sharded_verify.sample_step(self, GPUModelRunnerShardedVerify.original("sample"),
                                        hidden_states, input_batch, grammar_output)

@@ -41,8 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._graph_kernels import _key_value, _okey
-from ._triton_kernels import _LAUNCH_LOCK, _gumbel, _row_keys
+from ._triton_kernels import _LAUNCH_LOCK, _gumbel, _key_value, _okey, _row_keys
 from .hashing import DOMAIN_GUMBEL
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)

@@ -90,6 +90,25 @@ def _gumbel(h1, h2, gid):
     return -tl.log(-_log1p(-u))
 
 
+# bf16 order keys (shared by the round-1 and the escalation kernels)
+@triton.jit
+def _okey(z):
+    """Ordered key in ``[0, 65536)`` of bf16 ``z``: the order of ``z`` (and of ``z / T`` for
+    T > 0: distinct bf16 values stay distinct); ``-0.0`` keys as ``+0.0``."""
+    b = z.to(tl.int16, bitcast=True).to(tl.int32)
+    b = tl.where(b == -32768, 0, b)
+    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
+
+
+@triton.jit
+def _key_value(key, t):
+    """``s = z / T`` of the bf16 value whose :func:`_okey` is ``key``."""
+    o = key - 32768
+    b = o ^ ((o >> 15) & 0x7FFF)
+    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return tl.div_rn(z, t)
+
+
 @triton.jit
 def hash_bits_kernel(out_ptr, seed_ptr, pos_ptr, n, BLOCK: tl.constexpr):
     """Debug kernel: raw 32-bit Gumbel-domain hash of tokens ``0..n-1`` per row."""
