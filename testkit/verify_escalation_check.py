@@ -21,8 +21,10 @@ from testkit.verify_cases import random_top_p_batch, shaped_logits
 from testkit.verify_graph_sim import check_graph_step, dirty_scratch, recording_step
 from vllm_kimi_ext.verify import _escalate_kernels as ek
 from vllm_kimi_ext.verify import _graph_kernels as gk
-from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs, _gumbel_at
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
+from vllm_kimi_ext.verify.step_plan import StepInputs
+from vllm_kimi_ext.verify.step_torch import _gumbel_at
 
 V = 211
 CASES = (("ties", "top_p", 7), ("flat", "top_p_min_p", 8), ("ties", "top_p_min_p", 9))

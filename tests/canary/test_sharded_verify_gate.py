@@ -98,3 +98,12 @@ def test_rejection_methods_the_gate_refuses_by_name():
     src = inspect.getsource(RejectionSampler.__init__)
     methods = set(re.findall(r'rejection_sample_method == "(\w+)"', src))
     assert methods == {"synthetic", "block", "fly"}
+
+
+@pytest.mark.parametrize("owner,name", vllm_runner.WARM_UP_ATTRIBUTES,
+                         ids=[f"{o.rpartition('.')[2]}.{n}" for o, n in
+                              vllm_runner.WARM_UP_ATTRIBUTES])
+def test_warm_up_attribute_exists_upstream(owner, name):
+    """What the graph warm-up reads after vLLM's ``capture_model`` (a missing one skips the
+    warm-up: every sharded step then runs eagerly, counted ``not_warmed_up``)."""
+    assert defines(resolve(owner), name), f"vLLM's {owner} has no {name}"

@@ -149,6 +149,31 @@ def test_sharded_verify_patch_hands_vllms_sample_to_sample_step(monkeypatch):
     assert got == [("runner", GPUModelRunner.sample, "h", "batch", "grammar")]
 
 
+def test_capture_model_patch_warms_the_verification_graphs_up(monkeypatch):
+    """vLLM's capture first, then the verification graphs; never in a profiling capture;
+    a vLLM attribute the warm-up reads missing: nothing captured, logged, no crash."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerShardedVerify as P
+
+    calls = []
+    monkeypatch.setattr(GPUModelRunner, "capture_model",
+                        lambda self, **kw: calls.append(("vllm", kw)) or 7)
+    monkeypatch.setattr(P, "original", staticmethod(lambda name: getattr(GPUModelRunner, name)))
+    monkeypatch.setattr(vllm_runner, "warm_up", lambda runner: calls.append(("ours", runner)))
+    assert P.__dict__["capture_model"]("runner") == 7
+    assert P.__dict__["capture_model"]("runner", profile_only=True) == 7
+    assert calls == [("vllm", {}), ("ours", "runner"), ("vllm", {"profile_only": True})]
+    monkeypatch.undo()
+
+    class Broken:  # no rejection_sampler, model, ... (an upstream rename)
+        pass
+
+    monkeypatch.setattr("vllm.distributed.get_tp_group", lambda: type("G", (), {"world_size": 2}))
+    assert vllm_runner.warm_up(Broken()) == 0
+
+
 def _runner(params, *, tp_vocab=1000):
     from testkit.runner_stand_ins import stand_in_runner
 

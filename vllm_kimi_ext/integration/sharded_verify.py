@@ -461,11 +461,92 @@ class _Eager:
         return getattr(self.step, name)
 
 
-def _max_verify_rows(runner: Any) -> int:
-    """Rows of the largest verification step: ``max_num_reqs x (k + 1)``."""
-    k = runner.rejection_sampler.num_speculative_steps
-    reqs = getattr(getattr(runner, "scheduler_config", None), "max_num_seqs", None) or 256
-    return int(reqs) * (k + 1)
+def _max_reqs(runner: Any) -> int:
+    """Requests of the largest verification step (``max_num_seqs``, 256 if unknown)."""
+    return int(getattr(getattr(runner, "scheduler_config", None), "max_num_seqs", None) or 256)
+
+
+def _verifier(runner: Any, shard_width: int):
+    """The runner's verifier for its lm_head's (padded) vocab shard: :class:`StepGraphs`
+    (graphs captured by :func:`warm_up`) or the step run eagerly
+    (``VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS=0``), made once per shard width."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
+
+    from vllm_kimi_ext import envs
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
+    from vllm_kimi_ext.verify.ranks import group_coordinator_all_gather
+
+    cache = runner.__dict__.setdefault(_VERIFIERS_ATTR, {})
+    if shard_width not in cache:
+        step = GraphVerifyStep(runner.model_config.get_vocab_size(), get_tp_group().world_size,
+                               get_tensor_model_parallel_rank(),
+                               group_coordinator_all_gather(get_tp_group()),
+                               shard_width=shard_width)
+        k = runner.rejection_sampler.num_speculative_steps
+        cache[shard_width] = StepGraphs(step, max_reqs=_max_reqs(runner), rows_per_req=k + 1,
+                                        log=logger) \
+            if envs.SHARDED_VERIFY_GRAPHS.get() else _Eager(step)
+    return cache[shard_width]
+
+
+#: vLLM attributes :func:`warm_up` reads, ``(vLLM class, attribute)``; a missing one
+#: skips the warm-up (logged; every step then runs eagerly, counted ``not_warmed_up``).
+#: ``tests/canary/test_sharded_verify_gate.py`` checks each on vLLM 0.34.0.
+WARM_UP_ATTRIBUTES = (
+    (_RUNNER, "capture_model"), (_RUNNER, "device"), (_RUNNER, "model_config"),
+    (_RUNNER, "rejection_sampler"), (_RUNNER, "speculator"), (_RUNNER, "model"),
+    ("vllm.config.model.ModelConfig", "get_hidden_size"),
+    ("vllm.config.model.ModelConfig", "get_vocab_size"),
+    ("vllm.config.model.ModelConfig", "dtype"),
+    (_SPEC, "draft_logits"),
+)
+
+
+def warm_up(runner: Any) -> int:
+    """Capture the verification graphs before serving (called after vLLM's own
+    ``capture_model``, on every rank in the same order). Returns how many were captured
+    (0 when the step would not run sharded: TP = 1, no speculation, graphs off, or a
+    vLLM attribute in :data:`WARM_UP_ATTRIBUTES` missing)."""
+    try:
+        return _warm_up(runner)
+    except AttributeError as e:
+        logger.warning("vllm-kimi-ext sharded verification: no verification graphs captured "
+                       "(%s); every sharded step runs eagerly (counted not_warmed_up)", e)
+        return 0
+
+
+def _warm_up(runner: Any) -> int:
+    import torch
+    from vllm.distributed import get_tp_group
+
+    from vllm_kimi_ext import envs
+
+    if (get_tp_group().world_size <= 1 or runner.rejection_sampler is None
+            or not envs.SHARDED_VERIFY_GRAPHS.get()
+            or not hasattr(runner.model, "compute_logits_local")):
+        return 0
+    hidden = torch.zeros(1, runner.model_config.get_hidden_size(),
+                         dtype=runner.model_config.dtype, device=runner.device)
+    with torch.inference_mode():
+        local = runner.model.compute_logits_local(hidden)
+    graphs = _verifier(runner, int(local.shape[-1]))
+    cache = runner.speculator.draft_logits
+    n = graphs.warm_up(local.dtype, local.device, probabilistic=cache is not None,
+                       q_width=runner.model_config.get_vocab_size())
+    logger.info("vllm-kimi-ext sharded verification: %d verification graphs captured "
+                "(%d request counts up to %d, k + 1 = %d rows each)", n,
+                len(graphs.capture_sizes), graphs.max_reqs, graphs.rows_per_req)
+    return n
+
+
+def graph_counts(runner: Any) -> dict[str, int]:
+    """Steps replayed from a captured graph and steps run without one (per reason)."""
+    out: dict[str, int] = {"replayed": 0}
+    for v in runner.__dict__.get(_VERIFIERS_ATTR, {}).values():
+        out["replayed"] += getattr(v, "replayed", 0)
+        for reason, n in getattr(v, "uncaptured", {}).items():
+            out[f"uncaptured_{reason}"] = out.get(f"uncaptured_{reason}", 0) + n
+    return out
 
 
 def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any,
@@ -474,11 +555,7 @@ def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any
     verification step runs :func:`sharded_sample`; any other step runs
     ``original`` (the stock method), an ineligible verification step counted in
     :data:`FALLBACKS` with its reason."""
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
-
-    from vllm_kimi_ext import envs
-    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
-    from vllm_kimi_ext.verify.ranks import group_coordinator_all_gather
+    from vllm.distributed import get_tp_group
 
     tp = get_tp_group().world_size
     vocab = runner.model_config.get_vocab_size()
@@ -487,19 +564,10 @@ def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any
         if plan.reason not in NOT_FALLBACKS:
             FALLBACKS.record(plan)
         return original(runner, hidden_states, input_batch, grammar_output)
-    cache = runner.__dict__.setdefault(_VERIFIERS_ATTR, {})
-
-    def make_verifier(shard_width: int):
-        if shard_width not in cache:  # the lm_head's (padded) vocab shard
-            step = GraphVerifyStep(vocab, tp, get_tensor_model_parallel_rank(),
-                                   group_coordinator_all_gather(get_tp_group()),
-                                   shard_width=shard_width)
-            cache[shard_width] = StepGraphs(step, max_rows=_max_verify_rows(runner)) \
-                if envs.SHARDED_VERIFY_GRAPHS.get() else _Eager(step)
-        return cache[shard_width]
-
     _state["steps"] += 1
     if _state["steps"] % 1000 == 0:
-        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s",
-                    _state["steps"], FALLBACKS.as_dict(), device_counts())
-    return sharded_sample(runner, hidden_states, input_batch, make_verifier, plan)
+        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s, "
+                    "graphs %s", _state["steps"], FALLBACKS.as_dict(), device_counts(),
+                    graph_counts(runner))
+    return sharded_sample(runner, hidden_states, input_batch,
+                          lambda width: _verifier(runner, width), plan)

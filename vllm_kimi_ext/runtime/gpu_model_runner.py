@@ -30,7 +30,15 @@ class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
 
 class GPUModelRunnerShardedVerify(Patch[GPUModelRunner]):
     """Eligible verification steps over vocabulary shards; every other step
-    through the stock method (:func:`~vllm_kimi_ext.integration.sharded_verify.sample_step`)."""
+    through the stock method (:func:`~vllm_kimi_ext.integration.sharded_verify.sample_step`).
+    ``capture_model`` also captures the verification graphs (before serving, after vLLM's
+    own graphs: :func:`~vllm_kimi_ext.integration.sharded_verify.warm_up`)."""
+
+    def capture_model(self, *args, **kwargs):
+        out = GPUModelRunnerShardedVerify.original("capture_model")(self, *args, **kwargs)
+        if not kwargs.get("profile_only"):
+            sharded_verify.warm_up(self)
+        return out
 
     def sample(self, hidden_states, input_batch, grammar_output):
         return sharded_verify.sample_step(self, GPUModelRunnerShardedVerify.original("sample"),

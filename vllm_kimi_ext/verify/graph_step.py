@@ -55,13 +55,18 @@ picks one for all its stages with :meth:`.ranks.ShardedRank.uses_triton`.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+
 import torch
 
 from . import step_torch as st
 from .kernels import shard_local_stats
 from .ranks import AllGather, ShardedRank
-from .step_plan import StepInputs, StepOutput, StepPlan
+from .step_plan import StepInputs, StepOutput, StepPlan, plan_step
 from .step_torch import constant
+
+logger = logging.getLogger(__name__)
 
 NEG_INF = float("-inf")
 
@@ -179,97 +184,245 @@ class GraphVerifyStep(ShardedRank):
 
 
 # ---------------------------------------------------------------------------
-# CUDA graphs of the step
+# CUDA graphs of the step, captured at warm-up
 # ---------------------------------------------------------------------------
-class StepGraphs:
-    """One CUDA graph per :class:`StepPlan`, replayed with the step's inputs copied into
-    static buffers preallocated for the largest batch (``max_rows`` rows).
+#: A plan's flavour: what decides its launches besides the shapes
+#: ``(all_greedy, candidates > 0, escalation, residual_round, probabilistic)``.
+Flavour = tuple[bool, bool, bool, bool, bool]
+ONE_HOT_FLAVOURS: tuple[Flavour, ...] = (
+    (True, False, False, False, False),  # greedy
+    (False, False, False, False, False),  # temperature, no cut
+    (False, True, False, False, False),  # top-k (bounded cut)
+    (False, True, True, False, False),  # top-p / min-p (the escalation round)
+)
+PROBABILISTIC_FLAVOURS: tuple[Flavour, ...] = tuple(
+    (False, c, e, r, True) for c, e, r in ((False, False, True), (True, False, False),
+                                           (True, False, True), (True, True, False),
+                                           (True, True, True)))
+#: Reasons a step ran without a captured graph (counted by :class:`StepGraphs`).
+UNCAPTURED_REASONS = {
+    "not_warmed_up": "no graph was captured at warm-up (CUDA graphs off, or warm-up not run)",
+    "batch_above_captured": "more requests than the largest captured size",
+    "rows_per_request": "a request has more rows than the captured k + 1",
+    "plan_not_captured": "a plan outside the captured flavours (e.g. top-k above the "
+                         "candidates, or a logits dtype / draft kind not warmed up)",
+}
 
-    vLLM 0.34.0 runs ``GPUModelRunner.sample`` after the model forward, outside the
-    model's CUDA graphs, in FULL and PIECEWISE modes alike; this captures the
-    verification step itself, so it is independent of vLLM's ``cudagraph_mode``.
-    Every rank captures the same plans in the same order (the plan is a function of
-    the batch's sampling parameters, identical on every rank), so the collectives
-    inside the graphs pair up. All graphs share one memory pool (they never run
-    concurrently). Off the GPU, or past ``max_graphs`` plans, the step runs eagerly.
-    The returned tensors are the graph's static outputs: valid until the next call.
+
+def default_capture_sizes(max_reqs: int) -> tuple[int, ...]:
+    """Request counts captured at warm-up: 1, 2, 4, 8, then steps of 8 to 64, of 16 to 128
+    and of 32 above (as vLLM's own decode sizes grow), and ``max_reqs`` itself."""
+    sizes = {1, 2, 4, 8, *range(16, 65, 8), *range(80, 129, 16), *range(160, max_reqs + 1, 32)}
+    return tuple(sorted({q for q in sizes if q <= max_reqs} | {max_reqs}))
+
+
+def flavour(plan: StepPlan) -> Flavour:
+    return (plan.all_greedy, plan.candidates > 0, plan.escalation_slots > 0,
+            plan.residual_round, plan.probabilistic)
+
+
+class _StandIn:
+    """What a captured graph does, off the GPU: ``replay()`` runs the step again on the
+    static inputs and writes its results into the outputs of the capture (the memory a
+    CUDA graph would overwrite), so the hazards of static outputs are the same."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.out = fn()
+
+    def replay(self) -> None:
+        new = self.fn()
+        for name in StepOutput.__dataclass_fields__:
+            old_t, new_t = getattr(self.out, name), getattr(new, name)
+            if new_t is not old_t:  # read-only constants are shared, not copied
+                old_t.copy_(new_t)
+
+
+class _Captured:
+    """A CUDA graph and the static outputs its replay overwrites."""
+
+    def __init__(self, graph, out: StepOutput):
+        self.graph, self.out = graph, out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class StepGraphs:
+    """The step's graphs for a fixed list of padded request counts, captured at warm-up
+    (:meth:`warm_up`) and never during serving, as vLLM does for its own graphs.
+
+    A step of ``n`` requests with at most ``k + 1`` rows each is padded to the next
+    captured size ``Q >= n`` with ``Q x (k + 1)`` rows: request ``i``'s rows go to rows
+    ``i (k + 1) ...`` of the static buffers (one device ``index_copy``, no host read), and
+    every other row is a greedy placeholder (draft ``-1``): a request stops at its own
+    last row (its draft is ``-1``: rejected, the token sampled as at a bonus row) and
+    never reaches the padding, greedy padding never takes an escalation slot, and the
+    padded requests' outputs are dropped. A step no captured graph fits (see
+    :data:`UNCAPTURED_REASONS`) runs eagerly; it is counted per reason in
+    :attr:`uncaptured` and logged once per reason.
+
+    The returned ``sampled`` / ``num_sampled`` are **copies** (the graph's static outputs
+    are overwritten by the next replay, while vLLM may still be copying the previous
+    step's tokens asynchronously); the other diagnostics are gathered per real row.
+
+    Every rank warms up the same sizes and flavours in the same order, so the collectives
+    inside the graphs pair up; all graphs share one memory pool (they never run
+    concurrently). Off the GPU a stand-in (:class:`_StandIn`) replays by re-running the
+    step on the static buffers, so the padding and copy logic runs in the CPU tier.
     """
 
-    def __init__(self, step: GraphVerifyStep, max_rows: int, max_graphs: int = 64):
+    def __init__(self, step: GraphVerifyStep, max_reqs: int, rows_per_req: int,
+                 capture_sizes: tuple[int, ...] | None = None,
+                 log: logging.Logger | None = None):
         self.step = step
-        self.max_rows = int(max_rows)
-        self.max_graphs = int(max_graphs)
+        self.rows_per_req = int(rows_per_req)
+        self.capture_sizes = tuple(sorted(capture_sizes or default_capture_sizes(max_reqs)))
+        self.max_reqs = self.capture_sizes[-1]
         self._graphs: dict = {}
         self._pool = None
         self._static: dict = {}
-        #: Steps run eagerly because capture was impossible (counted, not silent).
-        self.eager_steps = 0
+        self._log = log or logger
+        self._bytes = 2  # the logits' element size (set by warm_up)
+        #: Steps that ran without a captured graph, per reason (see UNCAPTURED_REASONS).
+        self.uncaptured: Counter[str] = Counter()
+        self.replayed = 0
 
     def __getattr__(self, name: str):
         if name == "step" or name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.step, name)  # vocab_size, tp_size, ... of the step
 
-    def _buffers(self, logits_shard: torch.Tensor, q_full: torch.Tensor | None) -> dict:
-        key = (logits_shard.dtype, logits_shard.device, q_full is None)
+    # --- warm-up ------------------------------------------------------------------
+    def padded_plan(self, q: int, fl: Flavour) -> StepPlan:
+        greedy, cut, esc, res, prob = fl
+        S = self.step.shard_width
+        return plan_step(tp_size=self.step.tp_size, shard_width=S, num_rows=q * self.rows_per_req,
+                         num_reqs=q, max_rows_per_req=self.rows_per_req, all_greedy=greedy,
+                         any_cut=cut, may_escalate=esc, probabilistic=prob,
+                         any_uncut_sampling=res, logits_bytes=self._bytes)
+
+    def warm_up(self, logits_dtype: torch.dtype, device, probabilistic: bool = False,
+                q_width: int | None = None) -> int:
+        """Capture every (size, flavour) graph; returns how many. Run it on every rank, in
+        the same order, before serving (vLLM's ``capture_model``)."""
+        self._bytes = torch.empty((), dtype=logits_dtype).element_size()
+        flavours = ONE_HOT_FLAVOURS + (PROBABILISTIC_FLAVOURS if probabilistic else ())
+        for q in self.capture_sizes:
+            for fl in flavours:
+                self._capture(q, fl, logits_dtype, torch.device(device), q_width)
+        return len(self._graphs)
+
+    def _buffers(self, dtype, device, q_width) -> dict:
+        key = (dtype, str(device), q_width)
         if key not in self._static:
-            R, dev = self.max_rows, logits_shard.device
+            R, dev = self.max_reqs * self.rows_per_req, device
             i64 = dict(dtype=torch.int64, device=dev)
             f32 = dict(dtype=torch.float32, device=dev)
+            rows = torch.arange(R, **i64)
             self._static[key] = {
-                "logits": torch.zeros((R, logits_shard.shape[1]), dtype=logits_shard.dtype,
-                                      device=dev),
-                "cu": torch.zeros(R + 1, **i64), "draft": torch.full((R,), -1, **i64),
-                "req": torch.zeros(R, **i64), "rin": torch.zeros(R, **i64),
-                "temp": torch.zeros(R, **f32), "seeds": torch.zeros(R, **i64),
-                "pos": torch.zeros(R, **i64), "top_k": torch.zeros(R, **i64),
-                "min_p": torch.zeros(R, **f32), "top_p": torch.ones(R, **f32),
-                "q": None if q_full is None else torch.zeros((R, q_full.shape[1]),
-                                                             dtype=q_full.dtype, device=dev),
+                "logits": torch.zeros((R, self.step.shard_width), dtype=dtype, device=dev),
+                "cu": torch.arange(self.max_reqs + 1, **i64) * self.rows_per_req,
+                "req": rows // self.rows_per_req, "rin": rows % self.rows_per_req,
+                "draft": torch.full((R,), -1, **i64), "temp": torch.zeros(R, **f32),
+                "seeds": torch.zeros(R, **i64), "pos": torch.zeros(R, **i64),
+                "top_k": torch.zeros(R, **i64), "min_p": torch.zeros(R, **f32),
+                "top_p": torch.ones(R, **f32),
+                "q": None if q_width is None else torch.zeros((R, q_width), **f32),
             }
         return self._static[key]
 
-    def _views(self, b: dict, plan: StepPlan):
-        R, Q = plan.num_rows, plan.num_reqs
-        inp = StepInputs(cu_num_rows=b["cu"][:Q + 1], draft=b["draft"][:R],
+    def _views(self, b: dict, q: int):
+        R = q * self.rows_per_req
+        inp = StepInputs(cu_num_rows=b["cu"][:q + 1], draft=b["draft"][:R],
                          req_of_row=b["req"][:R], row_in_req=b["rin"][:R],
-                         temperature=b["temp"][:R], seeds=b["seeds"][:R],
-                         positions=b["pos"][:R], top_k=b["top_k"][:R], min_p=b["min_p"][:R],
-                         top_p=b["top_p"][:R])
-        q = None if b["q"] is None else b["q"][:R]
-        return b["logits"][:R], inp, q
+                         temperature=b["temp"][:R], seeds=b["seeds"][:R], positions=b["pos"][:R],
+                         top_k=b["top_k"][:R], min_p=b["min_p"][:R], top_p=b["top_p"][:R])
+        return b["logits"][:R], inp, None if b["q"] is None else b["q"][:R]
 
-    @staticmethod
-    def _copy_in(dst_logits, dst_inp: StepInputs, dst_q, logits, inp: StepInputs, q) -> None:
-        dst_logits.copy_(logits)
-        for name in ("cu_num_rows", "draft", "req_of_row", "row_in_req", "temperature",
-                     "seeds", "positions", "top_k", "min_p", "top_p"):
-            getattr(dst_inp, name).copy_(getattr(inp, name))
-        if dst_q is not None:
-            dst_q.copy_(q)
+    def _capture(self, q: int, fl: Flavour, dtype, device, q_width) -> None:
+        prob = fl[4]
+        plan = self.padded_plan(q, fl)
+        b = self._buffers(dtype, device, q_width if prob else None)
+        logits, inp, qs = self._views(b, q)
+        if prob and qs is None:
+            raise ValueError("probabilistic flavours need q_width")
 
-    def __call__(self, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
-                 q_full: torch.Tensor | None = None) -> StepOutput:
-        if (not logits_shard.is_cuda or plan.num_rows > self.max_rows
-                or (plan not in self._graphs and len(self._graphs) >= self.max_graphs)):
-            self.eager_steps += 1
-            return self.step.run(logits_shard, inp, plan, q_full)
-        b = self._buffers(logits_shard, q_full)
-        s_logits, s_inp, s_q = self._views(b, plan)
-        self._copy_in(s_logits, s_inp, s_q, logits_shard, inp, q_full)
-        entry = self._graphs.get(plan)
-        if entry is None:
+        def run():
+            return self.step.run(logits, inp, plan, qs)
+
+        if device.type != "cuda":
+            entry = _StandIn(run)
+        else:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.step.run(s_logits, s_inp, plan, s_q)  # compile + warm up
+                run()  # compile + warm up (allocates the step's persistent scratch)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = self.step.run(s_logits, s_inp, plan, s_q)
-            entry = self._graphs[plan] = (graph, out)
-        graph, out = entry
-        graph.replay()
-        return out
+                out = run()
+            entry = _Captured(graph, out)
+        self._graphs[(q, fl, dtype, str(device))] = (entry, b)
+
+    # --- serving ------------------------------------------------------------------
+    def _reason(self, logits: torch.Tensor, plan: StepPlan, key) -> str | None:
+        if not self._graphs:
+            return "not_warmed_up"
+        if plan.num_reqs > self.max_reqs:
+            return "batch_above_captured"
+        if plan.max_rows_per_req > self.rows_per_req:
+            return "rows_per_request"
+        canon = self.padded_plan(key[0], key[1])
+        if key not in self._graphs or (plan.candidates, plan.escalation_slots > 0) != (
+                canon.candidates, canon.escalation_slots > 0) or (
+                plan.escalation_slots and plan.escalation_slots != plan.num_reqs):
+            return "plan_not_captured"
+        return None
+
+    def _count(self, reason: str) -> None:
+        if not self.uncaptured[reason]:
+            self._log.warning("vllm-kimi-ext sharded verification: a step ran without a "
+                              "captured graph (%s: %s); counted, logged once per reason",
+                              reason, UNCAPTURED_REASONS[reason])
+        self.uncaptured[reason] += 1
+
+    def __call__(self, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
+                 q_full: torch.Tensor | None = None) -> StepOutput:
+        q = next((c for c in self.capture_sizes if c >= plan.num_reqs), self.max_reqs)
+        key = (q, flavour(plan), logits_shard.dtype, str(logits_shard.device))
+        reason = self._reason(logits_shard, plan, key)
+        if reason is not None:
+            self._count(reason)
+            return self.step.run(logits_shard, inp, plan, q_full)
+        entry, b = self._graphs[key]
+        s_logits, s_inp, s_q = self._views(b, q)
+        dst = inp.req_of_row * self.rows_per_req + inp.row_in_req  # [rows]
+        self._copy_in(s_logits, s_inp, s_q, dst, logits_shard, inp, q_full)
+        entry.replay()
+        self.replayed += 1
+        out = entry.out
+        n = plan.num_reqs
+        return StepOutput(
+            sampled=out.sampled[:n, :plan.max_rows_per_req].clone(),
+            num_sampled=out.num_sampled[:n].clone(),
+            accept_margin=out.accept_margin[dst], nucleus_margin=out.nucleus_margin[dst],
+            uncertified=out.uncertified[dst], deferred=out.deferred[dst],
+            stopped=out.stopped[:n])
+
+    @staticmethod
+    def _copy_in(s_logits, s_inp: StepInputs, s_q, dst, logits, inp: StepInputs, q) -> None:
+        """Placeholders everywhere, then each real row at its padded position."""
+        s_inp.draft.fill_(-1)
+        s_inp.temperature.zero_()
+        s_inp.top_k.zero_()
+        s_inp.min_p.zero_()
+        s_inp.top_p.fill_(1.0)
+        s_logits.index_copy_(0, dst, logits)
+        for name in ("draft", "temperature", "seeds", "positions", "top_k", "min_p", "top_p"):
+            t = getattr(s_inp, name)
+            t.index_copy_(0, dst, getattr(inp, name).to(t.dtype))
+        if s_q is not None:
+            s_q.index_copy_(0, dst, q.to(s_q.dtype))
