@@ -36,7 +36,7 @@ Vocabulary layouts over TP = 8 (SmolLM2 has 49152 ids, Kimi-K2.5 163840):
 Output: ``<name>.json`` and ``<name>.md`` (table: share of rows needing a second
 round, share still unresolved at the escalation width, payload bytes per row and
 rank). ``--save-logits FILE`` also stores a stratified sample of the bf16 rows for
-the GPU check of ``bench/kernels/bench_sharded_verify.py``.
+the GPU benches (``bench/kernels/bench_verify_graph.py --logits``).
 
 Exit status: 0 done, 2 missing model or prompt data (one line saying which).
 """

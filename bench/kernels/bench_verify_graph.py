@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 
 import torch
 from _cuda_timing import time_graph  # noqa: E402
-from bench_sharded_top_p import load_vllm_top_k_top_p  # noqa: E402
-from bench_sharded_verify import (  # noqa: E402
+from vllm_kernels import (  # noqa: E402
     TP,
     V,
     load_vllm_rejection_sample,
+    load_vllm_top_k_top_p,
     provenance,
     write_report,
 )

@@ -20,7 +20,7 @@ import functools
 import sys
 from pathlib import Path
 
-from vllm_kimi_ext.costmodel import whatif
+from vllm_kimi_ext.costmodel import verify_cost, whatif
 from vllm_kimi_ext.costmodel.acceptance import (
     Acceptance,
     band_for,
@@ -563,6 +563,7 @@ def what_to_run_markdown() -> str:
             md_table(["change", "robust choice", "tok/s low / card / high", "x stock (card)"],
                      _sensitivity_rows(cm, h)), ""]
     out += _levers_section(cm, h)
+    out += ["", *verify_cost.crossover_markdown(cm)]
     out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (table, band, "
             "explanation); `vllm-kimi-ext plan --validate` (the fit against every public point)."]
     return "\n".join(out) + "\n"
