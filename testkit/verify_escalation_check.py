@@ -38,7 +38,7 @@ CASES = (("ties", "top_p", 7), ("flat", "top_p_min_p", 8), ("ties", "top_p_min_p
 #: The escalation's pins: 4 tied tokens past the cut in the re-read chunk (more in later
 #: chunks), the draft elsewhere or among them; cuts 5-10 nats below the row maximum.
 PIN_CASES = (("ties_past_cut", "top_p", 4), ("ties_past_cut_draft", "top_p", 4),
-             *(("deep_cut", "top_p", d) for d in (5, 7, 8.5, 10)))
+             *(("deep_cut", "top_p", d) for d in (5, 7, 10)))
 
 
 def _expected(z: torch.Tensor, inp: StepInputs, r: int) -> dict:
