@@ -60,7 +60,8 @@ def _step_case(g: torch.Generator, n: int, k: int, V: int, mode: str, device):
 def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
                  device: str = "cpu", backend: str = "torch", seed: int = 0,
                  capture_sizes: tuple[int, ...] | None = None,
-                 sizes: tuple[int, int] | None = None) -> ReplayReport:
+                 sizes: tuple[int, int] | None = None,
+                 probabilistic: bool = False) -> ReplayReport:
     """``num_steps`` steps, batch sizes drawn from ``sizes`` (default 1..max_reqs) and
     modes cycled; TP = 1 (the whole vocabulary is the shard: 128 candidates of ``V``, so
     flat top-p rows escalate)."""
@@ -68,7 +69,7 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
     step = GraphVerifyStep(V, 1, 0, lambda t: t[None], backend=backend)
     graphs = StepGraphs(step, max_reqs=max_reqs, rows_per_req=k + 1,
                         capture_sizes=capture_sizes)
-    graphs.warm_up(torch.bfloat16, device)
+    graphs.warm_up(torch.bfloat16, device, probabilistic=probabilistic, q_width=V)
     lo, hi = sizes or (1, max_reqs)
     rep = ReplayReport()
     pending = None  # (step N's handed-out output, its expected tokens)
@@ -79,12 +80,16 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
         L = b.layout()
         inp = StepInputs.from_layout(L, V)
         plan = plan_from_params(params, tp_size=1, vocab_size=V, num_rows=b.num_rows,
-                                max_rows_per_req=k + 1, shard_width=V)
-        out = graphs(z, inp, plan)
-        q = next((c for c in graphs.capture_sizes if c >= n), n)
+                                max_rows_per_req=k + 1, shard_width=V,
+                                probabilistic=probabilistic)
+        q = None
+        if probabilistic:
+            q = torch.softmax(z.float() + torch.randn(z.shape, generator=g).to(device), dim=1)
+        out = graphs(z, inp, plan, q)
+        size = next((c for c in graphs.capture_sizes if c >= n), n)
         eager_plan = plan if not plan.escalation_slots else dataclasses.replace(
-            plan, escalation_slots=min(q, plan.num_rows))
-        want = step.run(z, inp, eager_plan)
+            plan, escalation_slots=min(size, plan.num_rows))
+        want = step.run(z, inp, eager_plan, q)
         got = (out.sampled.cpu(), out.num_sampled.cpu())
         exp = (want.sampled[:, :k + 1].cpu(), want.num_sampled.cpu())
         assert torch.equal(got[1], exp[1]), f"step {i}: num_sampled {got[1]} vs {exp[1]}"

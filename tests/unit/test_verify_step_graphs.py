@@ -32,6 +32,11 @@ def test_many_steps_replay_equal_to_eager_and_outputs_are_copies():
     assert rep.escalated_rows > 0, "no row escalated: the escalation graphs were not replayed"
 
 
+def test_probabilistic_drafts_replay_equal_to_eager():
+    rep = replay_steps(30, max_reqs=8, capture_sizes=(2, 4, 8), seed=5, probabilistic=True)
+    assert rep.steps == rep.replayed == 30 and rep.uncaptured == {}
+
+
 def test_default_capture_sizes():
     assert gs.default_capture_sizes(256)[:8] == (1, 2, 4, 8, 16, 24, 32, 40)
     assert gs.default_capture_sizes(256)[-1] == 256

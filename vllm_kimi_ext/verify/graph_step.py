@@ -195,7 +195,7 @@ ONE_HOT_FLAVOURS: tuple[Flavour, ...] = (
     (False, True, False, False, False),  # top-k (bounded cut)
     (False, True, True, False, False),  # top-p / min-p (the escalation round)
 )
-PROBABILISTIC_FLAVOURS: tuple[Flavour, ...] = tuple(
+PROBABILISTIC_FLAVOURS: tuple[Flavour, ...] = ((True, False, False, False, True),) + tuple(
     (False, c, e, r, True) for c, e, r in ((False, False, True), (True, False, False),
                                            (True, False, True), (True, True, False),
                                            (True, True, True)))
