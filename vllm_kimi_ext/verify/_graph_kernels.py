@@ -183,8 +183,16 @@ def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
         tl.store(base + 5 + W + kk, gid.to(tl.float32), mask=kk < W)
 
 
-def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
-    """Triton version of :func:`.step_torch.round1_payload_torch`."""
+def round1_payload(
+    logits_shard,  # [rows, S], the logits' dtype (bf16 / fp16 / fp32), unit column stride
+    inp,  # StepInputs: int64 / float32 [rows] per-row tensors
+    plan,  # StepPlan (host)
+    col_offset: int,
+    vocab_size: int,
+    q_full,  # [rows, >= V] float32 draft probabilities, or None (one-hot drafts)
+):
+    """Triton version of :func:`.step_torch.round1_payload_torch`; returns
+    ``[rows, plan.round1_width]`` float32."""
     R, S = logits_shard.shape
     dev = logits_shard.device
     n_valid = max(0, min(S, vocab_size - col_offset))
@@ -339,7 +347,14 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
     tl.store(rmax_ptr + row, rmax)
 
 
-def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
+def merge_round1(
+    g,  # [TP, rows, round1_width] float32, the gathered round-1 payloads
+    inp,  # StepInputs
+    plan,  # StepPlan (host)
+    vocab_size: int,
+    rank_valid,  # [TP] int64: valid columns of each rank's shard
+    q_full,  # [rows, >= V] float32 or None
+):
     """Triton version of :func:`.step_torch.merge_round1_torch` (probabilistic drafts and
     all-greedy steps use the torch merge: their merge is a handful of ops)."""
     if q_full is not None or plan.all_greedy:
@@ -421,8 +436,16 @@ def _decide_merged_kernel(cu_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr,
     tl.store(margin_ptr + rows, margin, mask=jm)
 
 
-def decide_merged(merged, deferred, inp, plan, vocab_size):
-    """Triton version of :func:`.step_torch.decide_merged_torch`."""
+def decide_merged(
+    merged,  # Merged: [rows] gval float32, gidx int64, lse float32, sx float32, res_tok int64
+    deferred,  # [rows] int8 / bool
+    inp,  # StepInputs
+    plan,  # StepPlan (host)
+    vocab_size: int,
+):
+    """Triton version of :func:`.step_torch.decide_merged_torch`; returns ``(sampled
+    [reqs, max_rows_per_req] int64, num_sampled [reqs] int32, decision_row [reqs] int64,
+    accept_margin [rows] float32, stopped [reqs] int8)``."""
     dev = merged.gidx.device
     Q, Lmax = plan.num_reqs, plan.max_rows_per_req
     sampled = torch.empty((Q, Lmax), dtype=torch.int64, device=dev)
@@ -595,7 +618,16 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     tl.store(defer_ptr + row, tl.zeros((), tl.int8))
 
 
-def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred, store=None):
+def escalate_one_hot(
+    g,  # [TP, E, S] the logits' dtype: the gathered shard rows of the E slots
+    idx,  # [E] int64: the row of each slot
+    real,  # [E] int8: the slot holds an uncertified row
+    inp,  # StepInputs
+    merged,  # Merged (updated in place)
+    vocab_size: int,
+    deferred,  # [rows] int8, the uncertified rows on entry
+    store=None,  # the step's persistent scratch (dict) for the split bf16 escalation
+):
     """Triton escalation for one-hot drafts: updates ``merged`` and ``deferred`` (int8,
     initialised to the uncertified rows) in place; returns the deferred rows."""
     TP, E, S = g.shape
@@ -613,36 +645,3 @@ def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred, store=None
                                merged.lse, merged.sx, merged.nucleus_margin, deferred,
                                wbuf, kbuf, BLOCK=8192, K16=k16, num_warps=16)
     return deferred
-
-
-@triton.jit
-def _pick_kernel(unc_ptr, rin_ptr, R, idx_ptr, real_ptr, defer_ptr,
-                 E: tl.constexpr, RP: tl.constexpr):
-    """The escalation slots: the ``E`` uncertified rows first in (row within request,
-    row) order; also the deferred-rows buffer initialised to the uncertified rows."""
-    r = tl.arange(0, RP)
-    ok = r < R
-    u = (tl.load(unc_ptr + r, mask=ok, other=0) != 0) & ok
-    rin = tl.load(rin_ptr + r, mask=ok, other=0).to(tl.int64)
-    big = 2**62
-    key = tl.where(u, rin * (R + 1) + r, big)
-    sk = tl.sort(key, dim=0)
-    valid = sk < big
-    row = tl.where(valid, sk % (R + 1), 0)
-    tl.store(idx_ptr + r, row, mask=r < E)
-    tl.store(real_ptr + r, valid.to(tl.int8), mask=r < E)
-    tl.store(defer_ptr + r, u.to(tl.int8), mask=ok)
-
-
-def pick_slots(uncertified, row_in_req, slots):
-    """Triton :func:`.step_torch.pick_slots`; returns ``(idx, real, deferred int8)``."""
-    R = uncertified.shape[0]
-    dev = uncertified.device
-    idx = torch.empty(slots, dtype=torch.int64, device=dev)
-    real = torch.empty(slots, dtype=torch.int8, device=dev)
-    deferred = torch.empty(R, dtype=torch.int8, device=dev)
-    with _LAUNCH_LOCK:
-        _pick_kernel[(1,)](uncertified.to(torch.int8), row_in_req.contiguous(), R, idx, real,
-                           deferred, E=slots, RP=triton.next_power_of_2(max(R, slots)),
-                           num_warps=4)
-    return idx, real, deferred

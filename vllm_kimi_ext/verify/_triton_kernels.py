@@ -370,8 +370,19 @@ def _decide_kernel(
 _LAUNCH_LOCK = threading.Lock()
 
 
-def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_valid,
-                 col_offset, chunk, splits, has_thr, exclude, block, num_warps, width):
+def launch_stats(
+    logits_shard,  # [rows, S] the logits' dtype, unit column stride
+    temp,  # [rows] float32 (0 = greedy)
+    thr,  # [rows] float32 cut on z / T (read only with has_thr)
+    lim,  # [rows] int64 tie column at the cut (read only with has_thr)
+    draft,  # [rows] int64 (-1: none)
+    seeds,  # [rows] int64
+    pos,  # [rows] int64
+    out,  # [rows, width] float32 (written)
+    parts,  # None, or 4 x [rows, splits] (float32 x 3, int32) split partials
+    n_valid: int, col_offset: int, chunk: int, splits: int, has_thr: bool, exclude: bool,
+    block: int, num_warps: int, width: int,
+):
     R = logits_shard.shape[0]
     single = splits == 1
     if single:
@@ -396,8 +407,19 @@ def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_
             )
 
 
-def launch_decide(gathered, cu, draft, temp, seeds, pos, sampled, num_sampled, drow, margin,
-                  vocab_size):
+def launch_decide(
+    gathered,  # [TP, rows, 2 or 4] float32, unit last stride: the stats-only round
+    cu,  # [reqs + 1] int64
+    draft,  # [rows] int64
+    temp,  # [rows] float32
+    seeds,  # [rows] int64
+    pos,  # [rows] int64
+    sampled,  # [reqs, max_rows_per_req] int64 (written)
+    num_sampled,  # [reqs] int32 (written)
+    drow,  # [reqs] int64 (written)
+    margin,  # [rows] float32 (written)
+    vocab_size: int,
+):
     tp, _, w = gathered.shape
     assert gathered.stride(2) == 1
     num_reqs = cu.shape[0] - 1

@@ -141,9 +141,10 @@ class GraphVerifyStep(ShardedRank):
         and returns the deferred rows (uncertified, no slot). One-hot drafts on the Triton
         path: the split bf16 escalation with this step's persistent scratch."""
         if tri and q_full is None:
+            from . import _escalate_kernels as ek
             from . import _graph_kernels as gk
 
-            idx, real8, deferred = gk.pick_slots(merged.uncertified, inp.row_in_req,
+            idx, real8, deferred = ek.pick_slots(merged.uncertified, inp.row_in_req,
                                                  plan.escalation_slots)
             g = self.all_gather(logits_shard.index_select(0, idx))  # [TP, E, S]
             return gk.escalate_one_hot(g, idx, real8, inp, merged, self.vocab_size, deferred,
