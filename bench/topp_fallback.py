@@ -16,7 +16,7 @@ Per row, for T = 1.0 and T = 0.6 with top_p = 0.95, the exact nucleus
 (:func:`vllm_kimi_ext.verify.reference.sampling_keep_mask`) and each rank's share
 of it. The first threshold round with ``m`` values per rank certifies the cut iff
 no rank's ``m``-th value lies inside the nucleus before its last token (the nucleus
-is a prefix in (value, id) order; see :mod:`vllm_kimi_ext.verify.cuts`): every rank
+is a prefix in (value, id) order; see :mod:`testkit.verify_cuts`): every rank
 holds fewer than ``m`` nucleus tokens, except that the rank holding the last one
 may hold exactly ``m``. So one number per row, ``need_m = max_r (share_r + 1, or
 share_r for the rank of the last nucleus token)``, gives the second-round share
@@ -36,7 +36,7 @@ Vocabulary layouts over TP = 8 (SmolLM2 has 49152 ids, Kimi-K2.5 163840):
 Output: ``<name>.json`` and ``<name>.md`` (table: share of rows needing a second
 round, share still unresolved at the escalation width, payload bytes per row and
 rank). ``--save-logits FILE`` also stores a stratified sample of the bf16 rows for
-the GPU check of ``bench/kernels/bench_sharded_verify.py``.
+the GPU benches (``bench/kernels/bench_verify_graph.py --logits``).
 
 Exit status: 0 done, 2 missing model or prompt data (one line saying which).
 """
@@ -58,8 +58,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from vllm_kimi_ext.verify.cuts import join_float64, local_top, merge_cuts, split_float64
+from testkit.verify_cuts import merge_cuts
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
+from vllm_kimi_ext.verify.step_torch import join_float64, local_top, split_float64
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TP = 8

@@ -1,10 +1,10 @@
 """Stand-ins for the vLLM 0.34.0 objects the sharded-verification gate reads
-(:mod:`vllm_kimi_ext.verify.vllm_runner`), without building a model runner.
+(:mod:`vllm_kimi_ext.integration.sharded_verify`), without building a model runner.
 
 Each stand-in is a plain namespace whose type carries the ``module.qualname`` of the
 vLLM class it stands for, so the gate's exact-type allow-lists
-(:data:`~vllm_kimi_ext.verify.vllm_runner.GATE_TYPES`) accept it as that class, and
-it carries exactly the attributes :data:`~vllm_kimi_ext.verify.vllm_runner.GATE_ATTRIBUTES`
+(:data:`~vllm_kimi_ext.integration.sharded_verify.GATE_TYPES`) accept it as that class, and
+it carries exactly the attributes :data:`~vllm_kimi_ext.integration.sharded_verify.GATE_ATTRIBUTES`
 names (plus what the sharded path reads), so deleting any one of them is a
 realistic "upstream renamed it" case.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_kimi_ext.verify import vllm_runner
+from vllm_kimi_ext.integration import sharded_verify as vllm_runner
 
 _CLASSES: dict[str, type] = {}
 _GPU = "vllm.v1.worker.gpu"

@@ -152,28 +152,30 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
 
     Target hidden states for 3 requests × (3 drafts + bonus) rows; drafts are a
     mix of the target's argmax (accepted under greedy) and other tokens. The
-    vocab-sharded verifier works from ``compute_logits_local`` and exchanges
+    vocab-sharded step (``GraphVerifyStep``) works from ``compute_logits_local`` and exchanges
     statistics through vLLM's TP group (``GroupCoordinator.all_gather``, so the
     collective counter sees it, in phase "verify"); the reference verifier runs
     on the gathered full logits. Also runs a top-p step (Kimi's own settings,
     temperature 1.0 / 0.6 with top_p 0.95) through the sharded cut; planned
-    without ``top_p_sharded`` it stays a counted fallback.
+    with ``top_p_sharded=False`` it is a counted fallback.
     """
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
 
     import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.verify_simulate import as_verify_output
     from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
     from vllm_kimi_ext.verify import (
         FallbackCounter,
+        GraphVerifyStep,
         ReferenceVerifier,
+        StepInputs,
         VerifyBatch,
-        VocabShardedVerifier,
-        plan_verification,
+        group_coordinator_all_gather,
+        plan_from_params,
     )
-    from vllm_kimi_ext.verify.sharded import group_coordinator_all_gather
 
     vocab = cfg.model_config.get_vocab_size()
     num_reqs, k = 3, 3
@@ -193,22 +195,26 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     params = [{"temperature": t} for t in temperature]
     tp = get_tp_group().world_size
     fallbacks = FallbackCounter()
-    plan = plan_verification(params, tp_size=tp, vocab_size=vocab, counter=fallbacks)
+    shape = dict(tp_size=tp, vocab_size=vocab, num_rows=rows, max_rows_per_req=k + 1,
+                 shard_width=local.shape[-1], logits_bytes=local.element_size())
+    plan = plan_from_params(params, counter=fallbacks, **shape)
     batch = VerifyBatch.from_draft_tokens(drafts, temperature, seeds)
-    verifier = VocabShardedVerifier(vocab, tp, get_tensor_model_parallel_rank(),
-                                    group_coordinator_all_gather(get_tp_group()),
-                                    shard_width=local.shape[-1])
+    step = GraphVerifyStep(vocab, tp, get_tensor_model_parallel_rank(),
+                           group_coordinator_all_gather(get_tp_group()),
+                           shard_width=local.shape[-1])
     with CollectiveCounter() as cc, cc.phase("verify"):
-        out = verifier.verify(local, batch)
+        out = as_verify_output(step.run(local, StepInputs.from_layout(batch.layout(), vocab),
+                                        plan))
     ref = ReferenceVerifier(vocab).verify(full, batch)
-    top_p_plan = plan_verification([{"temperature": 1.0, "top_p": 0.9}], tp_size=tp,
-                                   vocab_size=vocab, counter=fallbacks)
+    top_p_plan = plan_from_params([{"temperature": 1.0, "top_p": 0.9}], counter=fallbacks,
+                                  top_p_sharded=False, **{**shape, "num_rows": k + 1})
     kimi = [{"temperature": t, "top_p": 0.95} for t in (1.0, 0.6, 1.0)]
-    kimi_plan = plan_verification(kimi, tp_size=tp, vocab_size=vocab, top_p_sharded=True)
+    # one escalation slot per row: no deferral, so the tokens equal the reference's
+    kimi_plan = plan_from_params(kimi, escalation_slots=rows, **shape)
     top_p_batch = VerifyBatch.from_draft_tokens(drafts, [1.0, 0.6, 1.0], seeds,
                                                 top_p=[0.95] * num_reqs)
     with CollectiveCounter() as cc_p, cc_p.phase("verify"):
-        out_p = verifier.verify(local, top_p_batch)
+        out_p = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab), kimi_plan)
     ref_p = ReferenceVerifier(vocab).verify(full, top_p_batch)
     runner_path = _runner_path_step(model, cfg, hidden, full, drafts)
     return {
@@ -225,11 +231,11 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
         "fallbacks": fallbacks.as_dict(),
         "top_p": {
             "plan_collectives": kimi_plan.num_collectives,
-            "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.collectives],
+            "sent": [(c.name, c.rows, c.width, c.element_bytes) for c in kimi_plan.rounds],
             "counted": cc_p.summary(),
             "sharded_tokens": out_p.tokens(),
             "reference_tokens": ref_p.tokens(),
-            "escalations": dict(verifier.escalations),
+            "escalated_rows": int(out_p.uncertified.sum()),
         },
     }
 
@@ -253,7 +259,8 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         vllm_layout_batch,
     )
     from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, vllm_runner
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 
     vocab = cfg.model_config.get_vocab_size()
     temps = [1.0, 0.6, 1.0]
@@ -282,7 +289,7 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
                                          num_sampled.tolist())],
         "reference_tokens": ref.tokens(),
         "counted": cc.summary(),
-        "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.collectives],
+        "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.rounds],
         "plan_bytes": verifier.last_plan.bytes_sent_per_rank,
         "new_fallbacks": {k: v - before.get(k, 0)
                           for k, v in vllm_runner.FALLBACKS.as_dict().items()

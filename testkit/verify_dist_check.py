@@ -1,4 +1,5 @@
-"""Multi-process check of the sharded verifier over a real ``torch.distributed`` group.
+"""Multi-process check of the sharded step (``GraphVerifyStep``) over a real
+``torch.distributed`` group.
 
 ``run(world_size)`` spawns ``world_size`` processes (gloo over TCP on
 127.0.0.1 by default). Every rank builds the same scenarios from fixed seeds,
@@ -7,8 +8,8 @@ keeps only its vocabulary shard, verifies through real all-gathers and checks
 * its output against the full-vocabulary reference (token for token, up to
   certified rounding flips, see :func:`.verify_equivalence.assert_equivalent`);
 * that every rank produced the identical output;
-* that the collectives it issued match :func:`vllm_kimi_ext.verify.sharded.comm_plan` in
-  number and bytes.
+* that the collectives it issued match the step's plan in number and bytes (2
+  candidates per rank: flat random rows escalate, so every round runs).
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import torch
 
 from testkit.distributed import free_port  # stdlib only
 from testkit.verify_equivalence import assert_equivalent
-from testkit.verify_simulate import shard_columns
+from testkit.verify_simulate import as_verify_output, plan_for_layout, shard_columns
 from vllm_kimi_ext.verify.batch import VerifyBatch
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+from vllm_kimi_ext.verify.ranks import CountingAllGather, torch_distributed_all_gather
 from vllm_kimi_ext.verify.reference import ReferenceVerifier
-from vllm_kimi_ext.verify.sharded import (
-    CountingAllGather,
-    VocabShardedVerifier,
-    torch_distributed_all_gather,
-)
+from vllm_kimi_ext.verify.step_plan import StepInputs
 
 
 def scenarios(vocab_size: int = 1001, num_reqs: int = 48, k: int = 3):
@@ -83,13 +82,13 @@ def worker(rank: int, world_size: int, port: int, backend: str = "gloo",
         for name, logits, batch, q in scenarios(V):
             ag = CountingAllGather(raw)
             shard = shard_columns(logits, world_size, V, pad_value=1e30)[rank]
-            qs = None if q is None else shard_columns(q, world_size, V)[rank]
-            # m = 8: flat random rows need the wider rounds too
-            v = VocabShardedVerifier(V, world_size, rank, ag, backend="torch", top_p_width=8,
-                                     top_p_escalation=(32,))
-            out = v.verify(shard, batch, qs)
-            plan = v.last_plan
-            assert plan is not None
+            step = GraphVerifyStep(V, world_size, rank, ag, backend="torch")
+            L = batch.layout()
+            plan = plan_for_layout(L, tp_size=world_size, shard_width=step.shard_width,
+                                   vocab_size=V, probabilistic=q is not None,
+                                   logits_bytes=logits.element_size(), candidates=2,
+                                   escalation_slots=batch.num_rows)
+            out = as_verify_output(step.run(shard, StepInputs.from_layout(L, V), plan, q))
             assert ag.num_calls == plan.num_collectives, (name, ag.calls, plan.describe())
             assert ag.bytes_sent == plan.bytes_sent_per_rank, (name, ag.calls, plan.describe())
             ref = ReferenceVerifier(V).verify(logits, batch, q)

@@ -4,7 +4,7 @@ uncertified, so the histogram walk, the tied tokens kept in id order and the
 chunk merge decide them; each case must equal the full-logits reference on every
 rank (``check_graph_step`` asserts it) and leave every rank's scratch zeroed.
 
-    TRITON_INTERPRET=1 python -m testkit.verify_escalation_check
+    TRITON_INTERPRET=1 python -m testkit.verify_escalation_check [KIND ...]
 
 Prints a JSON summary. Chunks of 16 columns and walk steps of 32 keys make a
 211-token row span many chunks and walk steps, as Kimi's 163840 do at full size.
@@ -17,15 +17,28 @@ import sys
 
 import torch
 
-from testkit.verify_cases import random_top_p_batch, shaped_logits
+from testkit.verify_cases import (
+    deep_cut,
+    random_top_p_batch,
+    shaped_logits,
+    tied_batch,
+    tied_rows,
+    ties_past_the_cut,
+)
 from testkit.verify_graph_sim import check_graph_step, dirty_scratch, recording_step
 from vllm_kimi_ext.verify import _escalate_kernels as ek
 from vllm_kimi_ext.verify import _graph_kernels as gk
-from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs, _gumbel_at
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
+from vllm_kimi_ext.verify.step_plan import StepInputs
+from vllm_kimi_ext.verify.step_torch import _gumbel_at
 
 V = 211
 CASES = (("ties", "top_p", 7), ("flat", "top_p_min_p", 8), ("ties", "top_p_min_p", 9))
+#: The escalation's pins: 4 tied tokens past the cut in the re-read chunk (more in later
+#: chunks), the draft elsewhere or among them; cuts 5-10 nats below the row maximum.
+PIN_CASES = (("ties_past_cut", "top_p", 4), ("ties_past_cut_draft", "top_p", 4),
+             *(("deep_cut", "top_p", d) for d in (5, 7, 10)))
 
 
 def _expected(z: torch.Tensor, inp: StepInputs, r: int) -> dict:
@@ -70,34 +83,13 @@ def _tie_case(chunk: int, short: int) -> tuple:
     draft the first tied token past the cut (not kept).
     A kept set one tied token short, a chunk boundary off by one, or the draft's rank
     among the ties taken within its chunk only, each change ``gidx`` or ``s_x``."""
-    from vllm_kimi_ext.verify import VerifyBatch
-
-    g = torch.Generator().manual_seed(5)
-    tied = torch.randperm(V, generator=g)[:120].sort().values
-    end = 5 * chunk
-    need = int((tied < end).sum()) - short
-    x = int(tied[need])
-    z = torch.full((V,), -5.0)
-    z[tied] = 0.0
-    zt = 120.0 + (V - 120) * torch.exp(torch.tensor(-5.0)).item()
-    top_p = (need - 0.5) / zt
-    n = 3
-    drafts = torch.full((n, 3), x)
-    pos = StepInputs.from_layout(VerifyBatch.from_draft_tokens(
-        drafts, [1.0] * n, list(range(n)), top_p=[top_p] * n).layout(), V).positions
-    kept = tied[:need]
-    cands = torch.arange(1, 200_000)
-    seeds = []
-    for q in range(n):
-        p = pos[q * 4].expand(cands.shape[0])
-        noise = _gumbel_at(cands, p, kept[None].expand(cands.shape[0], -1))
-        hit = (noise.argmax(dim=1) == need - 1).nonzero().squeeze(1)
-        seeds.append(int(cands[hit[q]]))
-    b = VerifyBatch.from_draft_tokens(drafts, [1.0] * n, seeds, top_p=[top_p] * n)
-    return b, z.expand(b.num_rows, V).contiguous().to(torch.bfloat16)
+    tied, need, _, _ = tied_rows(chunk, short)
+    return tied_batch(chunk, short, int(tied[need]), lambda a, w: a == need - 1, 0)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``argv``: the case kinds to run (default: all), e.g. ``ties_past_cut deep_cut``."""
+    only = set(sys.argv[1:] if argv is None else argv)
     ek.CHUNK, ek.WALK = 16, 32
     out = []
     seen: list = []
@@ -111,10 +103,16 @@ def main() -> int:
 
     gk.decide_merged = spy
     for kind, mix, seed in CASES + (("tie_at_chunk_end", "top_p", 0),
-                                    ("tie_inside_chunk", "top_p", 1)):
+                                    ("tie_inside_chunk", "top_p", 1)) + PIN_CASES:
+        if only and kind not in only:
+            continue
         seen.clear()
         if kind.startswith("tie_"):
             b, z = _tie_case(ek.CHUNK, seed)
+        elif kind.startswith("ties_past_cut"):
+            b, z = ties_past_the_cut(ek.CHUNK, past=seed, draft_past=kind.endswith("draft"))
+        elif kind == "deep_cut":
+            b, z = deep_cut(seed)
         else:
             g = torch.Generator().manual_seed(seed)
             b = random_top_p_batch(g, 3, V, mix)

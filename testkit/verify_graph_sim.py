@@ -6,32 +6,10 @@ from __future__ import annotations
 import torch
 
 from testkit.verify_equivalence import assert_equivalent
-from testkit.verify_simulate import run_ranks, shard_columns
-from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
-from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs, StepOutput
+from testkit.verify_simulate import as_verify_output, simulate_graph_step
+from vllm_kimi_ext.verify.batch import VerifyOutput
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 from vllm_kimi_ext.verify.reference import ReferenceVerifier
-
-
-def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,
-                        vocab_size: int, draft_probs: torch.Tensor | None = None, *,
-                        shard_width: int | None = None, pad_value: float = 0.0,
-                        backend: str = "torch", step_cls: type = GraphVerifyStep,
-                        **plan_kw):
-    """Every rank's :class:`StepOutput` (rank order), the group and the plan."""
-    shards = shard_columns(logits, tp_size, vocab_size, shard_width, pad_value)
-    L = batch.layout()
-    inp = StepInputs.from_layout(L, vocab_size)
-    plans = {}
-
-    def fn(rank, ag) -> StepOutput:
-        step = step_cls(vocab_size, tp_size, rank, ag, shard_width=shard_width, backend=backend)
-        plan = step.plan(L, probabilistic=draft_probs is not None,
-                         logits_bytes=logits.element_size(), **plan_kw)
-        plans[rank] = plan
-        return step.run(shards[rank], inp, plan, draft_probs)
-
-    outs, group = run_ranks(tp_size, fn)
-    return outs, group, plans[0]
 
 
 def recording_step(steps: list) -> type:
@@ -51,11 +29,6 @@ def dirty_scratch(steps: list, device: str) -> list[str]:
     ``steps`` (each step must leave them zeroed for the next)."""
     return [name for s in steps for st in [s._escalation_scratch.get(device)] if st
             for name in ("hist", "top", "done") if int(st[name].abs().sum())]
-
-
-def as_verify_output(o: StepOutput) -> VerifyOutput:
-    return VerifyOutput(sampled=o.sampled, num_sampled=o.num_sampled,
-                        accept_margin=o.accept_margin, nucleus_margin=o.nucleus_margin)
 
 
 def check_graph_step(logits, batch, vocab_size, tp_size, draft_probs=None, **kw):

@@ -122,11 +122,33 @@ def check_hash_bits(device: str, n_rows: int = 7, n_cols: int = 4099) -> int:
     return n_rows * n_cols
 
 
+def _decide_both(gathered: torch.Tensor, L, V: int, tp: int):
+    """The stats-only step's decision from gathered statistics: torch (merge + decide) and
+    the Triton decide kernel; each ``(sampled, num_sampled, decision_row, margin)``."""
+    from vllm_kimi_ext.verify import _triton_kernels as tk
+    from vllm_kimi_ext.verify.step_plan import StepInputs, plan_step
+    from vllm_kimi_ext.verify.step_torch import decide_merged_torch, merge_stats_torch
+
+    inp = StepInputs.from_layout(L, V)
+    plan = plan_step(tp_size=tp, shard_width=-(-V // tp), num_rows=L.num_rows,
+                     num_reqs=L.num_reqs, max_rows_per_req=L.max_rows_per_req,
+                     all_greedy=gathered.shape[-1] == 2, any_cut=False)
+    no = torch.zeros(L.num_rows, dtype=torch.bool, device=gathered.device)
+    a = decide_merged_torch(merge_stats_torch(gathered, plan), no, inp, plan, V)[:4]
+    dev = gathered.device
+    t = (torch.empty((L.num_reqs, L.max_rows_per_req), dtype=torch.int64, device=dev),
+         torch.empty((L.num_reqs,), dtype=torch.int32, device=dev),
+         torch.empty((L.num_reqs,), dtype=torch.int64, device=dev),
+         torch.empty((L.num_rows,), dtype=torch.float32, device=dev))
+    tk.launch_decide(gathered.float().contiguous(), L.cu_num_rows, L.draft, L.temperature,
+                     L.seeds, L.positions, *t, V)
+    return a, t
+
+
 def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
                  all_greedy: bool = False) -> dict:
-    """Triton merge+decide kernel vs the torch one on random gathered statistics."""
+    """Triton decide kernel vs the torch merge + decision on random gathered statistics."""
     from vllm_kimi_ext.verify.batch import VerifyBatch
-    from vllm_kimi_ext.verify.kernels import decide_torch, decide_triton
 
     g = torch.Generator().manual_seed(5)
     k = 3
@@ -153,8 +175,7 @@ def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
     gathered = gathered.to(device)
     if all_greedy:
         gathered = gathered[..., :2].contiguous()
-    a = decide_torch(gathered, L, V)
-    t = decide_triton(gathered, L, V)
+    a, t = _decide_both(gathered, L, V, tp)
     assert torch.equal(a[1].cpu(), t[1].cpu()), "num_sampled differs"
     assert torch.equal(a[0].cpu(), t[0].cpu()), "sampled differs"
     ma, mt = a[3].cpu(), t[3].cpu()
@@ -166,8 +187,8 @@ def check_decide(device: str, tp: int = 8, num_reqs: int = 64, V: int = 1000,
 
 
 def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) -> dict:
-    """The sharded verifier on the Triton backend vs the full-vocabulary reference:
-    top-p (with a small first round, so the wider rounds run too), top-k, bf16 ties."""
+    """The sharded step on the Triton backend vs the full-vocabulary reference: top-p
+    (4 candidates per rank, so the escalation round runs too), top-k, bf16 ties."""
     from testkit.verify_equivalence import assert_equivalent
     from testkit.verify_simulate import simulate_sharded_verify
     from vllm_kimi_ext.verify.batch import VerifyBatch
@@ -179,8 +200,7 @@ def check_sharded(device: str, tp: int = 2, V: int = 300, num_reqs: int = 12) ->
     b = VerifyBatch.from_draft_tokens(drafts, temps, torch.arange(num_reqs), device=device,
                                       top_p=[0.9] * num_reqs, top_k=[0, 5] * (num_reqs // 2))
     z = (torch.randn(b.num_rows, V, generator=g) * 2).to(torch.bfloat16).to(device)
-    out, group, outs = simulate_sharded_verify(z, b, tp, V, backend="triton", top_p_width=4,
-                                               top_p_escalation=(16,))
+    out, group, outs = simulate_sharded_verify(z, b, tp, V, backend="triton", candidates=4)
     assert all(torch.equal(o.sampled, out.sampled) for o in outs[1:])
     ref = ReferenceVerifier(V).verify(z, b)
     rep = assert_equivalent(ref, out, b, logits=z, vocab_size=V, allow_score_ties=True)

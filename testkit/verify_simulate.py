@@ -5,7 +5,14 @@ collective semantics (every rank blocks until all have contributed, then all
 receive the same ``[TP, ...]`` stack), so the sharded verifier runs unchanged
 and any rank-divergent control flow deadlocks (reported as an error after a
 timeout) instead of silently passing. It also records every collective, for
-comparison with :func:`vllm_kimi_ext.verify.sharded.comm_plan`.
+comparison with the step's :class:`~vllm_kimi_ext.verify.step_plan.StepPlan`.
+
+:func:`plan_for_layout` is the test kit's plan builder: it reads a
+:class:`~vllm_kimi_ext.verify.batch.RowLayout`'s tensors on the host (the product plans
+from the requests' parameters with
+:func:`~vllm_kimi_ext.verify.step_plan.plan_from_params`, which never reads a device
+value); :func:`simulate_sharded_verify` runs the product's
+:class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep` on every simulated rank.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from typing import Any
 
 import torch
 
-from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
-from vllm_kimi_ext.verify.sharded import AllGather, VocabShardedVerifier
+from vllm_kimi_ext.verify.batch import RowLayout, VerifyBatch, VerifyOutput
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+from vllm_kimi_ext.verify.ranks import AllGather
+from vllm_kimi_ext.verify.step_plan import StepInputs, StepOutput, StepPlan, plan_step
 
 
 class ThreadedGroup:
@@ -90,6 +99,56 @@ def shard_columns(full: torch.Tensor, tp_size: int, vocab_size: int,
     return [padded[:, r * S:(r + 1) * S].contiguous() for r in range(tp_size)]
 
 
+def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size: int,
+                    probabilistic: bool = False, candidates: int | None = None,
+                    escalation_slots: int | None = None, logits_bytes: int = 2) -> StepPlan:
+    """:func:`~vllm_kimi_ext.verify.step_plan.plan_step` from a layout's tensors (host
+    reads: tests and benchmarks only)."""
+    m = L.host_modes(vocab_size)
+    r = L.req_of_row
+    k = L.effective_top_k(vocab_size)[r]
+    mp = L.effective_min_p()[r]
+    tp = L.effective_top_p()[r]
+    sampling = L.temperature > 0
+    cut = sampling & ((k > 0) | (mp > 0) | (tp < 1))
+    return plan_step(
+        tp_size=tp_size, shard_width=shard_width, num_rows=L.num_rows, num_reqs=L.num_reqs,
+        max_rows_per_req=L.max_rows_per_req, all_greedy=m.all_greedy,
+        any_cut=bool(cut.any()), max_top_k=int(k.max()) if L.num_rows else 0,
+        may_escalate=bool((cut & (k == 0) & ((tp < 1) | (mp > 0))).any()),
+        probabilistic=probabilistic, any_uncut_sampling=bool((sampling & ~cut).any()),
+        candidates=candidates, escalation_slots=escalation_slots, logits_bytes=logits_bytes)
+
+
+def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,
+                        vocab_size: int, draft_probs: torch.Tensor | None = None, *,
+                        shard_width: int | None = None, pad_value: float = 0.0,
+                        backend: str = "torch", step_cls: type = GraphVerifyStep,
+                        **plan_kw) -> tuple[list[StepOutput], ThreadedGroup, StepPlan]:
+    """Every rank's :class:`StepOutput` (rank order), the group and the plan
+    (``plan_kw``: ``candidates``, ``escalation_slots``)."""
+    shards = shard_columns(logits, tp_size, vocab_size, shard_width, pad_value)
+    L = batch.layout()
+    inp = StepInputs.from_layout(L, vocab_size)
+    plans = {}
+
+    def fn(rank, ag) -> StepOutput:
+        step = step_cls(vocab_size, tp_size, rank, ag, shard_width=shard_width, backend=backend)
+        plan = plan_for_layout(L, tp_size=tp_size, shard_width=step.shard_width,
+                               vocab_size=vocab_size, probabilistic=draft_probs is not None,
+                               logits_bytes=logits.element_size(), **plan_kw)
+        plans[rank] = plan
+        return step.run(shards[rank], inp, plan, draft_probs)
+
+    outs, group = run_ranks(tp_size, fn)
+    return outs, group, plans[0]
+
+
+def as_verify_output(o: StepOutput) -> VerifyOutput:
+    return VerifyOutput(sampled=o.sampled, num_sampled=o.num_sampled,
+                        accept_margin=o.accept_margin, nucleus_margin=o.nucleus_margin)
+
+
 def simulate_sharded_verify(
     logits: torch.Tensor,
     batch: VerifyBatch,
@@ -99,24 +158,18 @@ def simulate_sharded_verify(
     *,
     shard_width: int | None = None,
     pad_value: float = 0.0,
-    verifier_cls: type[VocabShardedVerifier] = VocabShardedVerifier,
     backend: str = "torch",
-    **verifier_kwargs: Any,
+    **plan_kw: Any,
 ) -> tuple[VerifyOutput, ThreadedGroup, list[VerifyOutput]]:
-    """Run the sharded verifier on all ranks in-process.
+    """The product's step on all ranks in-process, as the reference's output type.
 
-    Returns rank 0's output, the group (collective log) and every rank's output
-    (which must all be identical). ``verifier_kwargs`` go to the verifier
-    (e.g. ``top_p_width``).
-    """
-    shards = shard_columns(logits, tp_size, vocab_size, shard_width, pad_value)
-    qshards = (shard_columns(draft_probs, tp_size, vocab_size, shard_width, 0.0)
-               if draft_probs is not None else None)
-
-    def fn(rank: int, ag: AllGather) -> VerifyOutput:
-        v = verifier_cls(vocab_size, tp_size, rank, ag, shard_width=shard_width,
-                         backend=backend, **verifier_kwargs)
-        return v.verify(shards[rank], batch, None if qshards is None else qshards[rank])
-
-    outs, group = run_ranks(tp_size, fn)
-    return outs[0], group, outs
+    Returns rank 0's output, the group (collective log) and every rank's output (which
+    must all be identical). One escalation slot per row unless ``plan_kw`` says
+    otherwise, so no row is deferred and the output is comparable with the reference
+    token for token."""
+    plan_kw.setdefault("escalation_slots", batch.num_rows)
+    outs, group, _ = simulate_graph_step(logits, batch, tp_size, vocab_size, draft_probs,
+                                         shard_width=shard_width, pad_value=pad_value,
+                                         backend=backend, **plan_kw)
+    conv = [as_verify_output(o) for o in outs]
+    return conv[0], group, conv

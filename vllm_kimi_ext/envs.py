@@ -115,8 +115,9 @@ SHARDED_VERIFY = Flag(
     "every ineligible step falls back to stock, counted per reason)", "off")
 SHARDED_VERIFY_GRAPHS = Flag(
     "VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS", "bool", True,
-    "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture each verification step shape in its own "
-    "CUDA graph and replay it (off: run the same step eagerly)", "on")
+    "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture the verification step's CUDA graphs at "
+    "warm-up for a fixed list of padded request counts and replay them (steps no graph "
+    "fits run eagerly, counted; off: run every step eagerly)", "on")
 SKIP_DRAFT_CHECK = Flag(
     "VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "bool", False,
     "skip the configuration-time draft checks (`vllm-kimi-ext doctor` runs the same checks "

@@ -97,7 +97,7 @@ def load_batch_shard(src: Path | None, installed: bool):
     def _never(*a, **k):
         raise RuntimeError("replaced per case by the benchmark")
 
-    from bench_sharded_verify import _stub_module as _stub
+    from _vllm_kernels import _stub_module as _stub
 
     for pkg in ("vllm.v1.core", "vllm.v1.core.sched"):
         _stub(pkg).__path__ = [str(root.joinpath(*pkg.split(".")))]

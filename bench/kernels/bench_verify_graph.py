@@ -92,12 +92,13 @@ from _batch_shard_vllm import (  # noqa: E402
 )
 from _cuda_timing import time_graph  # noqa: E402
 from _verify_graph_schema import problems  # noqa: E402
-from bench_sharded_top_p import VLLM_TOPP_FILES, load_vllm_top_k_top_p  # noqa: E402
-from bench_sharded_verify import (  # noqa: E402
+from _vllm_kernels import (  # noqa: E402
     TP,
     VLLM_FILES,
+    VLLM_TOPP_FILES,
     V,
     load_vllm_rejection_sample,
+    load_vllm_top_k_top_p,
     provenance,
 )
 
@@ -296,7 +297,8 @@ def old_escalation(step) -> str | None:
 def ours_case(z, b, vocab: int, backend: str, old: bool):
     """``(plan, out, call, same_eager, same_graph, old_call, old_same, old_why)``."""
     from testkit.verify_graph_sim import simulate_graph_step
-    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepInputs
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+    from vllm_kimi_ext.verify.step_plan import StepInputs
 
     outs, group, plan = simulate_graph_step(z, b, TP, vocab, backend=backend)
     out = outs[0]

@@ -4,7 +4,7 @@
 
 What the ``kimi_tli`` speculator does in a server, on one GPU, with vLLM's real
 Triton kernels (no vLLM package needed: the same source-file loader as
-``bench_sharded_verify.py``):
+``_vllm_kernels.py``):
 
 1. proposal logits over the *target* vocabulary from a draft with another
    vocabulary: ``vllm_kimi_ext.drafts.tli.maps.scatter_to_target`` (the function the
@@ -80,7 +80,7 @@ def _binned_chi_square(counts: torch.Tensor, probs: torch.Tensor, n: int):
 
 
 def run(draws: int, temperature: float, vllm_src: Path | None) -> dict:
-    from bench_sharded_verify import load_vllm_rejection_sample
+    from _vllm_kernels import load_vllm_rejection_sample
 
     from vllm_kimi_ext.drafts.tli.maps import scatter_to_target
 

@@ -1,5 +1,5 @@
 """Canary: every vLLM attribute and object type the sharded-verification gate reads
-(``vllm_kimi_ext.verify.vllm_runner.GATE_ATTRIBUTES`` / ``GATE_TYPES``, the lists the
+(``vllm_kimi_ext.integration.sharded_verify.GATE_ATTRIBUTES`` / ``GATE_TYPES``, the lists the
 gate itself uses) exists on vLLM 0.34.0's real classes. When one fails after an
 upgrade, the gate would send every step to the counted fallback
 (``unknown_vllm_state``) at best: revisit the gate and note R07."""
@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from vllm_kimi_ext.verify import vllm_runner
-from vllm_kimi_ext.verify.vllm_runner import GATE_ATTRIBUTES, GATE_TYPES
+from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+from vllm_kimi_ext.integration.sharded_verify import GATE_ATTRIBUTES, GATE_TYPES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.canary]
 
@@ -98,3 +98,12 @@ def test_rejection_methods_the_gate_refuses_by_name():
     src = inspect.getsource(RejectionSampler.__init__)
     methods = set(re.findall(r'rejection_sample_method == "(\w+)"', src))
     assert methods == {"synthetic", "block", "fly"}
+
+
+@pytest.mark.parametrize("owner,name", vllm_runner.WARM_UP_ATTRIBUTES,
+                         ids=[f"{o.rpartition('.')[2]}.{n}" for o, n in
+                              vllm_runner.WARM_UP_ATTRIBUTES])
+def test_warm_up_attribute_exists_upstream(owner, name):
+    """What the graph warm-up reads after vLLM's ``capture_model`` (a missing one skips the
+    warm-up: every sharded step then runs eagerly, counted ``not_warmed_up``)."""
+    assert defines(resolve(owner), name), f"vLLM's {owner} has no {name}"

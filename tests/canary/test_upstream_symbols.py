@@ -62,7 +62,7 @@ def test_vllm_is_pinned_version():
 
 
 def test_sharded_verify_runner_hooks():
-    """vllm_kimi_ext.verify.vllm_runner relies on these 0.34.0 internals (the patched
+    """vllm_kimi_ext.integration.sharded_verify relies on these 0.34.0 internals (the patched
     attributes themselves: test_runtime_patch_targets.py)."""
     import dataclasses
 

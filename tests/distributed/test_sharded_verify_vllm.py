@@ -5,8 +5,9 @@ statistics through vLLM's own TP group, so the collective counter measures what
 a server would send. Its tokens equal the full-logits reference token for
 token; one step is one all-gather of 16 bytes per row per rank (the stock path
 all-gathers the whole vocab shard: 2·V/TP bytes per row per rank). A step at
-Kimi's own sampling settings (top_p 0.95) is verified sharded too: the threshold
-round plus the stats round, equal to the reference token for token."""
+Kimi's own sampling settings (top_p 0.95) is verified sharded too: statistics and
+candidates, then the escalation round (whole shard rows, one slot per row here), equal to
+the reference token for token."""
 
 from __future__ import annotations
 
@@ -44,12 +45,11 @@ def test_top_p_step_sharded_equals_reference(tp2_target_results):
     for rank, res in enumerate(tp2_target_results):
         p = res["verify"]["top_p"]
         assert p["sharded_tokens"] == p["reference_tokens"], f"rank {rank}"
-        assert p["escalations"]["top_p_rows"] == res["verify"]["rows"]
         calls, nbytes = p["counted"][("tp", "verify", "all_gather")]
-        names = [name for name, _, _ in p["sent"]]
-        assert names[0] == "threshold" and names[-1] == "stats"
-        assert calls == len(p["sent"])  # wider rounds, if any, are in the plan too
-        assert nbytes == sum(4 * rows * width for _, rows, width in p["sent"])
+        names = [name for name, *_ in p["sent"]]
+        assert names == ["stats+candidates", "escalation"]
+        assert calls == len(p["sent"])
+        assert nbytes == sum(rows * width * eb for _, rows, width, eb in p["sent"])
     assert tp2_target_results[0]["verify"]["top_p"]["sharded_tokens"] == \
         tp2_target_results[1]["verify"]["top_p"]["sharded_tokens"]
 

@@ -15,13 +15,9 @@ import pytest
 import torch
 
 from testkit.verify_graph_sim import check_graph_step
-from vllm_kimi_ext.verify import VerifyBatch
-from vllm_kimi_ext.verify.graph_step import (
-    GraphVerifyStep,
-    StepInputs,
-    merge_round1_torch,
-    round1_payload_torch,
-)
+from testkit.verify_simulate import plan_for_layout
+from vllm_kimi_ext.verify import GraphVerifyStep, StepInputs, VerifyBatch
+from vllm_kimi_ext.verify.step_torch import merge_round1_torch, round1_payload_torch
 
 pytestmark = pytest.mark.gpu
 V, TP = 163840, 8
@@ -50,7 +46,8 @@ def test_triton_round1_and_merge_equal_torch(rank, temp):
     S = V // TP
     step = GraphVerifyStep(V, TP, rank, lambda t: t[None], backend="triton")
     L = b.layout()
-    plan = step.plan(L)
+    plan = plan_for_layout(L, tp_size=step.tp_size, shard_width=step.shard_width,
+                           vocab_size=V)
     inp = StepInputs.from_layout(L, V)
     shard = z[:, rank * S:(rank + 1) * S].contiguous()
     a = gk.round1_payload(shard, inp, plan, rank * S, V, None)

@@ -368,3 +368,62 @@ def test_communication_table_of_the_comparison_matches_the_model(cm):
         assert int(bs) == round(vc.price_batch_sharded(cm, None, b, 3, "top_p_T1").comm_us)
         assert int(one_round) == round(cm.collective_us("allgather", 4 * b * 16 * 8, "nccl"))
 
+
+
+def _sharded_step_us(cm, rows: int, k: int) -> tuple[float, list[str]]:
+    terms = cm.verification(rows, "sharded", "nccl", k=k)
+    return sum(t.time_s for t in terms) * 1e6, [t.name for t in terms]
+
+
+def test_the_models_sharded_row_is_priced_from_the_report(cm, tmp_path, monkeypatch, doc):
+    """The cost model's sharded-verifier row reads the measured report at (rows, k, Kimi's
+    T = 1.0 / top_p 0.95): its price moves when the report's time or payload moves, and it
+    falls back to the labelled constant where the report has no measurement."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(vc, "DEFAULT_REPORT", path)
+    case = next(c for c in doc["cases"] if c["mode"] == vc.DEFAULT_MODE)
+    rows, k = case["rows"], case["k"]
+    base, names = _sharded_step_us(cm, rows, k)
+    assert any("measured" in n for n in names) and not any("constant" in n for n in names)
+    slower = copy.deepcopy(doc)
+    for c in slower["cases"]:
+        if (c["rows"], c["k"], c["mode"]) == (rows, k, vc.DEFAULT_MODE):
+            c["ours_graph_us"] += 1000.0
+    path = tmp_path / "slower.json"  # a new file: the loader caches by path and mtime
+    path.write_text(json.dumps(slower))
+    monkeypatch.setattr(vc, "DEFAULT_REPORT", path)
+    assert _sharded_step_us(cm, rows, k)[0] == pytest.approx(base + 1000.0)
+    bigger = copy.deepcopy(doc)
+    for c in bigger["cases"]:
+        if (c["rows"], c["k"], c["mode"]) == (rows, k, vc.DEFAULT_MODE):
+            c["payload_bytes_per_row_per_rank"] *= 64
+    path = tmp_path / "bigger.json"
+    path.write_text(json.dumps(bigger))
+    monkeypatch.setattr(vc, "DEFAULT_REPORT", path)
+    assert _sharded_step_us(cm, rows, k)[0] > base
+    # no measurement at these rows / no report: the constant, and the output says so
+    monkeypatch.setattr(vc, "DEFAULT_REPORT", tmp_path / "missing.json")
+    _, names = _sharded_step_us(cm, rows, k)
+    assert all("constant fallback" in n for n in names)
+
+
+def test_crossover_against_batch_sharded_sampling_per_mode(cm):
+    """The crossover batch printed in docs/what-to-run.md: from the measured report, per
+    sampling mode; under Kimi's top-p it is where batch-sharded sampling's priced step
+    first stays below the sharded one."""
+    meas = vc.measurements()
+    block = "\n".join(vc.crossover_markdown(cm, meas))
+    assert block in (REPO / "docs" / "what-to-run.md").read_text()
+    for mode in vc.KIMI_MODES:
+        c = vc.crossover(cm, meas, 3, mode)
+        assert isinstance(c, int)
+        for b in range(c, 65):
+            bs = vc.price(cm, meas, "batch_sharded", b, 3, mode)
+            sh = vc.price(cm, meas, "sharded", b, 3, mode)
+            assert bs.total_us < sh.total_us, (mode, b)
+        if c > 1:
+            prev = c - 1
+            assert vc.price(cm, meas, "batch_sharded", prev, 3, mode).total_us >= \
+                vc.price(cm, meas, "sharded", prev, 3, mode).total_us
+        assert f"| {vc.CROSSOVER_MODE_WORDS[mode]} | 3 | batch {c} |" in block

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.verify_simulate import plan_for_layout
 from vllm_kimi_ext.verify.batch import VerifyBatch
-from vllm_kimi_ext.verify.sharded import BatchModes, comm_plan
 
 V = 1000
 
@@ -13,7 +13,7 @@ V = 1000
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_greedy_requests_ignore_their_filters_sampling_requests_keep_them(temperature):
     """Greedy rows take the argmax, which no top-k / min-p / top-p filter changes: they
-    need no threshold round (batch.py: ``greedy = temperature == 0`` in the
+    need no candidates (batch.py: ``greedy = temperature == 0`` in the
     ``effective_*`` filters). A sampling request with the same filters does."""
     batch = VerifyBatch.from_draft_tokens([[1, 2], [3]], temperature=[temperature] * 2,
                                           seeds=[1, 2], top_k=[5, 3], min_p=[0.1, 0.0],
@@ -28,8 +28,8 @@ def test_greedy_requests_ignore_their_filters_sampling_requests_keep_them(temper
     modes = layout.host_modes(V)
     assert modes.all_greedy is greedy
     assert (modes.thr_rows is None) is greedy
-    plan = comm_plan(layout.num_rows, 8, BatchModes.from_batch(batch, V, probabilistic=False))
+    plan = plan_for_layout(layout, tp_size=8, shard_width=125, vocab_size=V)
     if greedy:
         assert plan.num_collectives == 1 and plan.bytes_per_row_per_rank == 8
     else:
-        assert [c.name for c in plan.collectives] == ["threshold", "stats"]
+        assert [c.name for c in plan.rounds] == ["stats+candidates"]  # top-k bounds both

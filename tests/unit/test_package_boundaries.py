@@ -40,8 +40,8 @@ VLLM_ALLOWED: dict[str, str] = {
     "plugin.py": "the vllm.general_plugins entry point: registers with vLLM",
     "compat.py": "the pin: what the installed vLLM is and carries",
     "runtime/": "runtime patches of vLLM classes",
-    "integration/": "vLLM-aware glue: config-time draft check, agreement check, kimi_tli",
-    "verify/": "sharded verification inside vLLM's sampler and model runner",
+    "integration/": "vLLM-aware glue: config-time draft check, agreement check, kimi_tli, "
+                    "sharded verification inside vLLM's sampler and model runner",
     "train/capture.py": "captures the target's hidden states with vLLM's offline LLM",
     "train/cli.py": "`draft capture` builds vLLM's offline LLM",
 }
@@ -192,15 +192,26 @@ def import_cycles(sources: dict[Path, str]) -> list[str]:
             dst = _part(name) if name.startswith("vllm_kimi_ext.") else None
             if dst is not None and dst != src:
                 edges.setdefault(src, {}).setdefault(dst, []).append(f"{rel.as_posix()}:{line}")
+    found = []
+    for comp in strongly_connected(edges):
+        via = [f"{a} -> {b} ({', '.join(sorted(set(edges[a][b])))})"
+               for a in sorted(comp) for b in sorted(edges.get(a, {})) if b in comp]
+        found.append("; ".join(via))
+    return sorted(found)
+
+
+def strongly_connected(edges: dict) -> list[list[str]]:
+    """The strongly connected components with more than one node of a graph
+    ``{node: iterable of successors}`` (Tarjan's algorithm), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    found = []
+    out: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's algorithm
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in edges.get(v, {}):
+        for w in sorted(edges.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -211,14 +222,12 @@ def import_cycles(sources: dict[Path, str]) -> list[str]:
             while not comp or comp[-1] != v:
                 comp.append(stack.pop())
             if len(comp) > 1:
-                via = [f"{a} -> {b} ({', '.join(sorted(set(edges[a][b])))})"
-                       for a in sorted(comp) for b in sorted(edges.get(a, {})) if b in comp]
-                found.append("; ".join(via))
+                out.append(sorted(comp))
 
     for v in sorted(edges):
         if v not in index:
             visit(v)
-    return sorted(found)
+    return out
 
 
 def test_product_modules_do_not_import_testing_or_the_bench_harness():

@@ -102,14 +102,15 @@ def cm():
 
 @pytest.mark.parametrize("rows", [1, 4, 64, 2048])
 def test_verification_bytes_match_the_verifiers_own_plan(cm, rows):
-    """Sharded: per row and rank what ``verify.sharded.comm_plan`` sends for a sampling
-    batch with one-hot drafts (4 float32), the all-gather's output TP times that.
+    """Sharded: per row and rank what the step's plan (``verify.step_plan``) sends for a
+    sampling batch with one-hot drafts (4 float32), the all-gather's output TP times that.
     Gather: every rank receives ``[rows, vocab]`` bf16, i.e. 2 x V bytes per row."""
-    from vllm_kimi_ext.verify.sharded import BatchModes, comm_plan, full_gather_bytes_per_row
+    from vllm_kimi_ext.verify import full_gather_bytes_per_row, plan_from_params
 
     tp, vocab = cm.tp, cm.model.vocab_size
     assert (tp, vocab) == (8, 163840)  # the Kimi-K2.5 profile on 8 GPUs
-    plan = comm_plan(rows, tp, BatchModes(all_greedy=False))
+    plan = plan_from_params([{"temperature": 1.0}], tp_size=tp, vocab_size=vocab,
+                            num_rows=rows, max_rows_per_req=rows)
     assert plan.bytes_per_row_per_rank == 4 * 4
     gathers = int(cm.model.collectives.get("logits_allgather", 1))
     sharded = cm.verification(rows, "sharded", "nccl")

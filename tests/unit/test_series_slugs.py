@@ -34,10 +34,7 @@ LITERAL = re.compile(r"(?<![\w.])00(?:0[1-9]|[1-9]\d)(?![\w.])|\b[Pp]atch(?:es)?
 NOT_SCANNED = ("series.json",)
 #: Files still writing a patch number, each with the change that removes it; an entry that no
 #: longer has one fails the test, so the list only shrinks.
-KNOWN_LITERALS: dict[str, str] = {
-    "verify/vllm_runner.py": "docstring 'patch 0002'; verify/ belongs to the sharded-"
-                             "verification issue (name the slug logits-local there)",
-}
+KNOWN_LITERALS: dict[str, str] = {}
 
 
 def literals(text: str) -> list[str]:

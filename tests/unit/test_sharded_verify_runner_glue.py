@@ -1,4 +1,4 @@
-"""The gate of the opt-in runner integration (vllm_kimi_ext.verify.vllm_runner),
+"""The gate of the opt-in runner integration (vllm_kimi_ext.integration.sharded_verify),
 on stand-in runner objects: which steps take the sharded path, which fall back with
 which counted reason, and that it fails closed (a missing vLLM attribute, an unknown
 object type or logits processor → ineligible)."""
@@ -18,8 +18,8 @@ from testkit.runner_stand_ins import (
     stand_in_batch,
     stand_in_runner,
 )
-from vllm_kimi_ext.verify import vllm_runner
-from vllm_kimi_ext.verify.vllm_runner import (
+from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+from vllm_kimi_ext.integration.sharded_verify import (
     GATE_ATTRIBUTES,
     _bonus_layout_drafts,
     ineligibility,
@@ -186,7 +186,7 @@ def test_escalations_and_deferrals_are_counted_on_the_device():
 
     import torch
 
-    from vllm_kimi_ext.verify import vllm_runner
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
 
     vllm_runner._state.pop("device", None)
     assert vllm_runner.device_counts() == {"escalated_rows": 0, "deferred_requests": 0}

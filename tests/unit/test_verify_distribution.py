@@ -11,20 +11,24 @@ deliberately wrong verifier (recovered token sampled from ``p`` instead of the
 residual, or acceptance with ``p(x)`` instead of ``min(1, p(x)/q(x))``) must
 fail the same test (p-value < ``ALPHA``; in practice its statistic is in the
 thousands). Seeds are fixed, so the outcome is deterministic. Both the
-reference and the sharded verifier (TP=4, V=18: the last shard is padded) are
-checked.
+reference and the product's sharded step (``GraphVerifyStep``, TP=4, V=18: the last
+shard is padded) are checked; the sharded step's wrong variants are the same two bugs
+planted into its torch stages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
 import torch
 
+import vllm_kimi_ext.verify.graph_step as gs
+import vllm_kimi_ext.verify.step_torch as st
 from testkit.verify_equivalence import chi_square
 from testkit.verify_simulate import simulate_sharded_verify
-from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch, VocabShardedVerifier
+from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 
 N = 100_000
 V = 18
@@ -40,8 +44,30 @@ class RefRecoverFromP(ReferenceVerifier):
     exclude_rejected_draft = False
 
 
-class ShardRecoverFromP(VocabShardedVerifier):
-    exclude_rejected_draft = False
+@contextlib.contextmanager
+def shard_recover_from_p():
+    """The step's recovered token sampled from ``p`` (the draft not excluded): in the
+    statistics of rows without a cut and in the candidates' Gumbel-max of rows with one."""
+    mp = pytest.MonkeyPatch()
+    real_stats, real_merge = gs.shard_local_stats, st.merge_round1_torch
+
+    def stats(*a, **k):
+        return real_stats(*a, **{**k, "exclude_draft": False})
+
+    def merge(g, inp, *a, **k):
+        m = real_merge(g, inp, *a, **k)
+        blind = real_merge(g, st.StepInputs(**{**inp.__dict__,
+                                               "draft": torch.full_like(inp.draft, -1)}),
+                           *a, **k)
+        m.gval, m.gidx = blind.gval, blind.gidx
+        return m
+
+    mp.setattr(gs, "shard_local_stats", stats)
+    mp.setattr(st, "merge_round1_torch", merge)
+    try:
+        yield
+    finally:
+        mp.undo()
 
 
 class RefAcceptWithP(ReferenceVerifier):
@@ -49,9 +75,16 @@ class RefAcceptWithP(ReferenceVerifier):
         return s_x - lse
 
 
-class ShardAcceptWithP(VocabShardedVerifier):
-    def _owner_accept_numerator(self, s_x, logq_x):
-        return s_x
+@contextlib.contextmanager
+def shard_accept_with_p():
+    """The owner of ``x`` sends ``s_x`` instead of ``s_x - log q(x)``: acceptance with
+    ``p(x)`` (log q read as 0)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(st, "_logq_at", lambda q, ids, v: torch.zeros(ids.shape, device=ids.device))
+    try:
+        yield
+    finally:
+        mp.undo()
 
 
 # --- modes -------------------------------------------------------------------
@@ -95,8 +128,8 @@ def _mode(name):
         x[:, None], torch.full((N,), temp), torch.arange(N) * 7919 + 17,
         top_k=torch.full((N,), top_k), min_p=torch.full((N,), min_p))
     q = q0[None, :].expand(2 * N, V).contiguous() if probabilistic else None
-    wrong = (RefAcceptWithP, ShardAcceptWithP) if probabilistic else (
-        RefRecoverFromP, ShardRecoverFromP)
+    wrong = (RefAcceptWithP, shard_accept_with_p) if probabilistic else (
+        RefRecoverFromP, shard_recover_from_p)
     return logits, batch, q, p, wrong
 
 
@@ -110,11 +143,11 @@ def _first_token_counts(out):
     return torch.bincount(first, minlength=V)
 
 
-def _run(kind, cls, logits, batch, q):
+def _run(kind, variant, logits, batch, q):
     if kind == "reference":
-        return cls(V).verify(logits, batch, q)
-    out, _, _ = simulate_sharded_verify(logits, batch, TP, V, q, verifier_cls=cls,
-                                        pad_value=1e30)
+        return variant(V).verify(logits, batch, q)
+    with variant():
+        out, _, _ = simulate_sharded_verify(logits, batch, TP, V, q, pad_value=1e30)
     return out
 
 
@@ -122,7 +155,7 @@ def _run(kind, cls, logits, batch, q):
 @pytest.mark.parametrize("mode", MODES)
 def test_first_token_matches_target(mode, kind):
     logits, batch, q, p, wrong = _mode(mode)
-    good_cls = ReferenceVerifier if kind == "reference" else VocabShardedVerifier
+    good_cls = ReferenceVerifier if kind == "reference" else contextlib.nullcontext
     bad_cls = wrong[0] if kind == "reference" else wrong[1]
 
     counts = _first_token_counts(_run(kind, good_cls, logits, batch, q))

@@ -8,7 +8,12 @@ output must equal the full-logits reference and every rank's persistent scratch
 must be zeroed again; each escalated row's merged statistics (Gumbel-max, kept-set
 log-sum-exp, ``s_x``, nucleus margin) must equal those of the full row's exact
 kept set. A wrong walk, tie count, tie order or merge fails (each was planted and
-seen to fail); a step that left its histogram dirty is reported.
+seen to fail); a step that left its histogram dirty is reported. The pins
+(``testkit.verify_cases``): four tied tokens past the cut in the chunk the escalation
+re-reads (more in later chunks), with the draft elsewhere or among them, each request's
+seed making a past-the-cut token win if it were kept (a boundary-chunk tie rank that
+ignores earlier chunks' ties fails); cuts 5, 7 and 10 nats below the row maximum (a
+histogram band from ``top_p`` instead of ``1 - top_p`` fails from 7 on).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ def test_split_escalation_in_interpreter():
                        check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     cases = json.loads(r.stdout.strip().splitlines()[-1])["cases"]
-    assert len(cases) == 5
+    assert len(cases) == 10
+    assert {c["kind"] for c in cases} >= {"ties_past_cut", "ties_past_cut_draft", "deep_cut"}
     for c in cases:
         assert c["escalated"] > 0, f"{c}: nothing escalated, the split escalation did not run"
         assert c["rows_compared"] >= 2 * c["escalated"], c  # every rank's rows

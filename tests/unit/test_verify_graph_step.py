@@ -1,4 +1,4 @@
-"""The graph-capturable verification step (``verify/graph_step.py``) on CPU (torch path).
+"""The graph-capturable verification step (``verify/graph_step.py``, ``step_torch.py``) on CPU.
 
 * Token for token against the full-logits reference at simulated TP 1/2/4/8 on
   random, tie-heavy (bf16), flat and coarse logits, with top-p alone and with
@@ -22,11 +22,12 @@ import math
 import pytest
 import torch
 
-import vllm_kimi_ext.verify.graph_step as gs
+import vllm_kimi_ext.verify.step_torch as st
 from testkit.verify_cases import random_top_p_batch, shaped_logits
 from testkit.verify_equivalence import chi_square
-from testkit.verify_graph_sim import check_graph_step, simulate_graph_step
-from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
+from testkit.verify_graph_sim import check_graph_step
+from testkit.verify_simulate import plan_for_layout, simulate_graph_step
+from vllm_kimi_ext.verify import GraphVerifyStep, ReferenceVerifier, StepInputs, VerifyBatch
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -157,18 +158,18 @@ def test_top_p_boundary_needs_the_float64_shard_lse(monkeypatch):
     want = int(ref_keep.sum())
     outs, _, _ = simulate_graph_step(z, b, 4, v, candidates=64)
     assert int(outs[0].uncertified.sum()) == 0
-    step = gs.GraphVerifyStep(v, 1, 0, lambda t: t[None])
+    step = GraphVerifyStep(v, 1, 0, lambda t: t[None])
     L = b.layout()
-    inp = gs.StepInputs.from_layout(L, v)
-    plan = step.plan(L, candidates=64)
-    payload = gs.round1_payload_torch(z, inp, plan, 0, v, None)
-    merged = gs.merge_round1_torch(payload[None], inp, plan, v, step.rank_valid(z.device), None)
+    inp = StepInputs.from_layout(L, v)
+    plan = plan_for_layout(L, tp_size=1, shard_width=v, vocab_size=v, candidates=64)
+    payload = st.round1_payload_torch(z, inp, plan, 0, v, None)
+    merged = st.merge_round1_torch(payload[None], inp, plan, v, step.rank_valid(z.device), None)
     assert int(merged.n_kept[0]) == want
     # the same payload with the log-sum-exp rounded to float32 moves the cut
     p32 = payload.clone()
-    lse = gs.join_float64(p32[:, 2:4]).float().double()
-    p32[:, 2:4] = gs.split_float64(lse)
-    m32 = gs.merge_round1_torch(p32[None], inp, plan, v, step.rank_valid(z.device), None)
+    lse = st.join_float64(p32[:, 2:4]).float().double()
+    p32[:, 2:4] = st.split_float64(lse)
+    m32 = st.merge_round1_torch(p32[None], inp, plan, v, step.rank_valid(z.device), None)
     assert int(m32.n_kept[0]) != want, "float32 LSE gives the same cut: the test cannot fail"
 
 
@@ -181,14 +182,14 @@ def _flat_case(seed):
 
 def test_planted_lax_certificate_fails(monkeypatch):
     """Calling every cut certified (no escalation) changes tokens on flat rows."""
-    orig = gs.merge_round1_torch
+    orig = st.merge_round1_torch
 
     def lax(*a, **k):
         m = orig(*a, **k)
         m.uncertified = torch.zeros_like(m.uncertified)
         return m
 
-    monkeypatch.setattr(gs, "merge_round1_torch", lax)
+    monkeypatch.setattr(st, "merge_round1_torch", lax)
     failed = 0
     for seed in range(4):
         b, z = _flat_case(seed)
@@ -202,12 +203,12 @@ def test_planted_lax_certificate_fails(monkeypatch):
 def test_planted_slot_order_defers_first_rows(monkeypatch):
     """Slots given to the last rows first (instead of each request's first row): some
     request is deferred at its first row, which the check refuses."""
-    orig = gs.pick_slots
+    orig = st.pick_slots
 
     def last_rows_first(uncertified, row_in_req, slots):
         return orig(uncertified, torch.arange(row_in_req.shape[0]).flip(0), slots)
 
-    monkeypatch.setattr(gs, "pick_slots", last_rows_first)
+    monkeypatch.setattr(st, "pick_slots", last_rows_first)
     with pytest.raises(AssertionError, match="deferred at its first row"):
         for seed in range(3):
             b, z = _deferral_case(seed)
@@ -215,12 +216,12 @@ def test_planted_slot_order_defers_first_rows(monkeypatch):
 
 
 def test_planted_deferral_that_still_emits_a_token(monkeypatch):
-    orig = gs.decide_merged_torch
+    orig = st.decide_merged_torch
 
     def emits(merged, deferred, inp, plan, vocab_size):
         return orig(merged, torch.zeros_like(deferred), inp, plan, vocab_size)
 
-    monkeypatch.setattr(gs, "decide_merged_torch", emits)
+    monkeypatch.setattr(st, "decide_merged_torch", emits)
     with pytest.raises(AssertionError):
         for seed in range(3):
             b, z = _deferral_case(seed)

@@ -78,7 +78,7 @@ def test_auto_backend_on_cpu_is_torch():
 def test_triton_kernel_in_interpreter():
     """The Triton kernels (run by Triton's CPU interpreter) agree with fused torch, their
     noise hash is bit-identical, an excluded draft that dominates its row is never the
-    Gumbel-max, ties at a cut are kept up to the tie column, and the sharded verifier
+    Gumbel-max, ties at a cut are kept up to the tie column, and the sharded step
     on the Triton backend equals the reference with top-p. Runs on every Linux CI
     machine: Triton is a test dependency (``pip install -e .[test]``), not optional."""
     assert importlib.util.find_spec("triton") is not None, (
@@ -96,4 +96,4 @@ def test_triton_kernel_in_interpreter():
     assert sum(c["dominant_drafts"] for c in summary["cases"]) >= 2
     sharded = summary["sharded"]
     assert sharded["identical"] == sharded["num_reqs"]
-    assert len(sharded["collectives"]) >= 3  # threshold, >= 1 wider top-p round, stats
+    assert len(sharded["collectives"]) == 2  # statistics + candidates, escalation

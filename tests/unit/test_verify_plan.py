@@ -1,4 +1,4 @@
-"""Communication plan (collectives, bytes) and the fallback decision."""
+"""The step plan from the requests' parameters (rounds, bytes) and the fallback decision."""
 
 from __future__ import annotations
 
@@ -8,52 +8,60 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from testkit.verify_simulate import simulate_sharded_verify
+from testkit.verify_simulate import plan_for_layout, simulate_sharded_verify
 from vllm_kimi_ext.verify import (
-    BatchModes,
     Fallback,
     FallbackCounter,
-    ShardedPlan,
+    StepPlan,
     VerifyBatch,
-    comm_plan,
-    plan_verification,
+    full_gather_bytes_per_row,
+    plan_from_params,
 )
-from vllm_kimi_ext.verify.plan import FALLBACK_REASONS
-from vllm_kimi_ext.verify.sharded import full_gather_bytes_per_row
+from vllm_kimi_ext.verify.step_plan import FALLBACK_REASONS
 
 KIMI_V = 163840
+KIMI_S = KIMI_V // 8
 
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
+def _plan(params, rows_per_req=4, **kw) -> StepPlan | Fallback:
+    return plan_from_params(params, tp_size=8, vocab_size=KIMI_V,
+                            num_rows=rows_per_req * len(params), max_rows_per_req=rows_per_req,
+                            **kw)
+
+
 def test_plan_numbers_per_mode():
-    rows, tp = 4 * 16, 8  # 16 requests, k = 3
-    greedy = comm_plan(rows, tp, BatchModes(all_greedy=True))
-    assert greedy.num_collectives == 1
+    """Rows x float32 columns of each round, from the requests' parameters (16 requests,
+    k = 3, TP = 8, Kimi's vocabulary: shards of 20480 bf16)."""
+    rows = 4 * 16
+    greedy = _plan([{"temperature": 0.0}] * 16)
+    assert [(r.name, r.rows, r.width) for r in greedy.rounds] == [("stats", rows, 2)]
     assert greedy.bytes_per_row_per_rank == 8
-    onehot = comm_plan(rows, tp, BatchModes(all_greedy=False))
-    assert onehot.num_collectives == 1
-    assert onehot.bytes_per_row_per_rank == 16
-    assert onehot.bytes_received_per_rank == 16 * tp * rows
-    topk = comm_plan(rows, tp, BatchModes(all_greedy=False, threshold_rows=rows,
-                                          threshold_width=50))
-    assert topk.num_collectives == 2
-    assert [c.name for c in topk.collectives] == ["threshold", "stats"]
-    assert topk.bytes_sent_per_rank == rows * (50 * 4 + 16)
-    minp = comm_plan(rows, tp, BatchModes(all_greedy=False, threshold_rows=8,
-                                          threshold_width=1))
-    assert minp.bytes_sent_per_rank == 8 * 4 + rows * 16
-    prob = comm_plan(rows, tp, BatchModes(all_greedy=False, prob_requests=16))
-    assert prob.num_collectives == 2
-    assert prob.bytes_sent_per_rank == rows * 16 + 16 * 8
-    both = comm_plan(rows, tp, BatchModes(False, rows, 20, 16))
-    assert both.num_collectives == 3
+    onehot = _plan([{"temperature": 0.7}] * 16)
+    assert onehot.bytes_per_row_per_rank == 16 and onehot.num_collectives == 1
+    assert onehot.bytes_received_per_rank == 16 * 8 * rows
+    topk = _plan([{"temperature": 0.7, "top_k": 50}] * 16)
+    assert [(r.name, r.width) for r in topk.rounds] == [("stats+candidates", 5 + 2 * 128)]
+    assert topk.bytes_sent_per_rank == rows * 4 * (5 + 2 * 128)
+    assert _plan([{"temperature": 0.7, "top_k": 300}] * 16).candidates == 300
+    top_p = _plan([{"temperature": 1.0, "top_p": 0.95}] * 16)
+    assert [(r.name, r.rows, r.width, r.element_bytes) for r in top_p.rounds] == [
+        ("stats+candidates", rows, 5 + 2 * 128, 4), ("escalation", 16, KIMI_S, 2)]
+    assert _plan([{"temperature": 1.0, "top_p": 0.95, "top_k": 20}] * 16).escalation_slots == 0
+    minp = _plan([{"temperature": 1.0, "min_p": 0.1}] * 16)
+    assert minp.escalation_slots == 16
+    prob = _plan([{"temperature": 0.7}] * 16, probabilistic=True)
+    assert [(r.name, r.rows, r.width) for r in prob.rounds] == [
+        ("stats+candidates", rows, 5), ("residual", 16, 2)]
+    assert _plan([{"temperature": 0.7, "top_k": 5}] * 16, probabilistic=True).rounds[-1].name \
+        == "stats+candidates"
 
 
 def test_kimi_single_stream_bytes():
     """B=1, k=3 at TP=8: 4 rows; 512 B received per rank instead of 1.3 MB."""
-    p = comm_plan(4, 8, BatchModes(all_greedy=False))
+    p = _plan([{"temperature": 0.7}])
     assert p.bytes_received_per_rank == 4 * 16 * 8 == 512
     assert 4 * full_gather_bytes_per_row(KIMI_V) == 1_310_720
     assert "1 all-gather" in p.describe()
@@ -81,37 +89,36 @@ def test_measured_collectives_match_plan(tp, case):
     b = _batch(g, n, V, **kw)
     z = torch.randn(b.num_rows, V, generator=g)
     q = torch.softmax(torch.randn(b.num_rows, V, generator=g), 1) if "prob" in case else None
-    _, group, _ = simulate_sharded_verify(z, b, tp, V, q)
-    plan = comm_plan(b.num_rows, tp, BatchModes.from_batch(b, V, q is not None))
+    _, group, _ = simulate_sharded_verify(z, b, tp, V, q, escalation_slots=None)
+    plan = plan_for_layout(b.layout(), tp_size=tp, shard_width=-(-V // tp), vocab_size=V,
+                           probabilistic=q is not None, logits_bytes=4)
     for rank_calls in group.calls:
         assert len(rank_calls) == plan.num_collectives
-        assert [shape for shape, _ in rank_calls] == [(c.rows, c.width) for c in plan.collectives]
+        assert [shape for shape, _ in rank_calls] == [(c.rows, c.width) for c in plan.rounds]
         assert sum(nb for _, nb in rank_calls) == plan.bytes_sent_per_rank
     if case in ("greedy", "mixed"):
         assert plan.num_collectives == 1
         assert plan.bytes_per_row_per_rank <= 16
 
 
-def test_plan_verification_sharded_and_collective_count():
+def test_plan_from_params_sharded_and_collective_count():
     params = [SimpleNamespace(temperature=0.0), SimpleNamespace(temperature=0.7, top_k=40),
               {"temperature": 1.0, "min_p": 0.05}]
-    plan = plan_verification(params, tp_size=8, vocab_size=KIMI_V)
-    assert isinstance(plan, ShardedPlan)
-    assert (plan.greedy_reqs, plan.top_k_reqs, plan.min_p_reqs) == (1, 1, 1)
-    assert plan.num_collectives == 2
-    assert plan_verification(params[:1], tp_size=8, vocab_size=KIMI_V).num_collectives == 1
-    assert plan_verification(params[1:2], tp_size=8, vocab_size=KIMI_V,
-                             probabilistic_draft=True).num_collectives == 3
+    plan = _plan(params)
+    assert isinstance(plan, StepPlan)
+    assert [r.name for r in plan.rounds] == ["stats+candidates", "escalation"]
+    assert _plan(params[:1]).num_collectives == 1
+    assert _plan(params[1:2], probabilistic=True).num_collectives == 1  # top-k: no residual
+    assert _plan([{"temperature": 0.7}], probabilistic=True).num_collectives == 2
     # greedy ignores top_p (vLLM does too)
-    assert isinstance(plan_verification([SimpleNamespace(temperature=0.0, top_p=0.5)],
-                                        tp_size=8, vocab_size=KIMI_V), ShardedPlan)
-    # top-p is sharded only for a caller that passes top_p to the verifier
+    assert _plan([SimpleNamespace(temperature=0.0, top_p=0.5)]).all_greedy
+    # top-p is sharded unless the caller cannot pass top_p to the step
     kimi = [SimpleNamespace(temperature=1.0, top_p=0.95), SimpleNamespace(temperature=0.6,
                                                                            top_p=0.95)]
-    assert plan_verification(kimi, tp_size=8, vocab_size=KIMI_V).reason == "top_p"
-    sharded = plan_verification(kimi, tp_size=8, vocab_size=KIMI_V, top_p_sharded=True)
-    assert isinstance(sharded, ShardedPlan)
-    assert (sharded.top_p_reqs, sharded.num_collectives) == (2, 2)
+    assert _plan(kimi, top_p_sharded=False).reason == "top_p"
+    sharded = _plan(kimi)
+    assert isinstance(sharded, StepPlan)
+    assert (sharded.escalation_slots, sharded.num_collectives) == (2, 2)
 
 
 @pytest.mark.parametrize("field,value,reason", [
@@ -132,9 +139,9 @@ def test_plan_verification_sharded_and_collective_count():
 def test_fallback_reasons_are_counted_and_logged(field, value, reason, caplog):
     counter = FallbackCounter()
     p = SimpleNamespace(temperature=0.8, **{field: value})
-    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.verify.plan"):
-        fb = plan_verification([SimpleNamespace(temperature=0.0), p], tp_size=8,
-                               vocab_size=KIMI_V, counter=counter)
+    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.verify.step_plan"):
+        fb = _plan([SimpleNamespace(temperature=0.0), p], counter=counter,
+                   top_p_sharded=False)
     assert isinstance(fb, Fallback) and fb.reason == reason
     assert reason in FALLBACK_REASONS
     assert counter.as_dict() == {reason: 1} and counter.total == 1
@@ -143,10 +150,10 @@ def test_fallback_reasons_are_counted_and_logged(field, value, reason, caplog):
 
 def test_fallback_other_causes():
     c = FallbackCounter()
-    assert plan_verification([{"temperature": 1.0}], tp_size=8, vocab_size=2**24,
-                             counter=c).reason == "vocab_too_large"
-    fb = plan_verification([{"temperature": 1.0, "top_p": 0.9, "logprobs": 1}], tp_size=8,
-                           vocab_size=KIMI_V, custom_logits_processors=True, counter=c)
+    assert plan_from_params([{"temperature": 1.0}], tp_size=8, vocab_size=2**24, num_rows=4,
+                            max_rows_per_req=4, counter=c).reason == "vocab_too_large"
+    fb = _plan([{"temperature": 1.0, "top_p": 0.9, "logprobs": 1}], top_p_sharded=False,
+               custom_logits_processors=True, counter=c)
     assert fb.reason == "top_p"
     assert fb.all_reasons == ("top_p", "logprobs", "logits_processors")
     assert c.as_dict() == {"vocab_too_large": 1, "top_p": 1}

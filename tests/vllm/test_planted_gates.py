@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from testkit.runner_stand_ins import stand_in_batch, stand_in_runner
-from vllm_kimi_ext.verify import vllm_runner
-from vllm_kimi_ext.verify.vllm_runner import ineligibility
+from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+from vllm_kimi_ext.integration.sharded_verify import ineligibility
 
 pytestmark = pytest.mark.vllm
 

@@ -124,8 +124,8 @@ def test_verify_phase_label_is_active_inside_vllms_rejection_sampler(clean_runti
 
 
 def test_sampler_patch_remembers_params_then_runs_vllms_add_request(monkeypatch):
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
     from vllm_kimi_ext.runtime.sampler import SamplerRememberParams as P
-    from vllm_kimi_ext.verify import vllm_runner
 
     sampler = SimpleNamespace(sampling_states=SimpleNamespace(add_request=_raise))
     with pytest.raises(Sentinel):  # vLLM's add_request reached its first line
@@ -140,13 +140,38 @@ def _raise(*_a, **_k):
 def test_sharded_verify_patch_hands_vllms_sample_to_sample_step(monkeypatch):
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
     from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerShardedVerify as P
-    from vllm_kimi_ext.verify import vllm_runner
 
     got = []
     monkeypatch.setattr(vllm_runner, "sample_step", lambda *a: got.append(a) or "out")
     assert P.__dict__["sample"]("runner", "h", "batch", "grammar") == "out"
     assert got == [("runner", GPUModelRunner.sample, "h", "batch", "grammar")]
+
+
+def test_capture_model_patch_warms_the_verification_graphs_up(monkeypatch):
+    """vLLM's capture first, then the verification graphs; never in a profiling capture;
+    a vLLM attribute the warm-up reads missing: nothing captured, logged, no crash."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerShardedVerify as P
+
+    calls = []
+    monkeypatch.setattr(GPUModelRunner, "capture_model",
+                        lambda self, **kw: calls.append(("vllm", kw)) or 7)
+    monkeypatch.setattr(P, "original", staticmethod(lambda name: getattr(GPUModelRunner, name)))
+    monkeypatch.setattr(vllm_runner, "warm_up", lambda runner: calls.append(("ours", runner)))
+    assert P.__dict__["capture_model"]("runner") == 7
+    assert P.__dict__["capture_model"]("runner", profile_only=True) == 7
+    assert calls == [("vllm", {}), ("ours", "runner"), ("vllm", {"profile_only": True})]
+    monkeypatch.undo()
+
+    class Broken:  # no rejection_sampler, model, ... (an upstream rename)
+        pass
+
+    monkeypatch.setattr("vllm.distributed.get_tp_group", lambda: type("G", (), {"world_size": 2}))
+    assert vllm_runner.warm_up(Broken()) == 0
 
 
 def _runner(params, *, tp_vocab=1000):
@@ -198,7 +223,7 @@ def test_patched_sample_runs_stock_and_counts_a_top_p_fallback(tp8, stock_sample
     """A top-p step that must fall back: vLLM's sample runs with the runner's own
     arguments, the sharded path does not, and the reason is counted once."""
     from testkit.runner_stand_ins import stand_in
-    from vllm_kimi_ext.verify import vllm_runner
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
 
     monkeypatch.setattr(vllm_runner, "sharded_sample", _raise)
     runner, batch = _runner(params), _batch(1)
@@ -216,20 +241,22 @@ def test_patched_sample_runs_stock_and_counts_a_top_p_fallback(tp8, stock_sample
 
 def test_patched_sample_verifies_a_kimi_top_p_step_sharded(tp8, stock_sample, monkeypatch):
     """T=1.0 and T=0.6 with top_p 0.95 (Kimi's recommended settings): sharded, uncounted."""
-    from vllm_kimi_ext.verify import vllm_runner
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
 
     seen = []
     monkeypatch.setattr(vllm_runner, "sharded_sample",
-                        lambda r, h, b, make: seen.append(make(125).tp_size) or "sharded")
+                        lambda r, h, b, make, plan: seen.append((make(125).tp_size,
+                                                                  plan.escalation_slots))
+                        or "sharded")
     before = vllm_runner.FALLBACKS.as_dict()
     runner = _runner([{"temperature": 1.0, "top_p": 0.95}, {"temperature": 0.6, "top_p": 0.95}])
     assert _patched_sample(runner, _batch(2)) == "sharded"
-    assert seen == [8] and stock_sample == []
+    assert seen == [(8, 2)] and stock_sample == []  # the gate's plan: one slot per request
     assert vllm_runner.FALLBACKS.as_dict() == before
 
 
 def test_sample_step_does_not_count_a_step_without_drafts(tp8, monkeypatch):
-    from vllm_kimi_ext.verify import vllm_runner
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
 
     before = vllm_runner.FALLBACKS.as_dict()
     out = vllm_runner.sample_step(_runner([{"temperature": 0.0}]), lambda *a: "stock", "h",
@@ -238,12 +265,13 @@ def test_sample_step_does_not_count_a_step_without_drafts(tp8, monkeypatch):
 
 
 def test_sample_step_verifies_an_eligible_step_over_shards(tp8, monkeypatch):
-    from vllm_kimi_ext.verify import sharded, vllm_runner
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.verify import ranks
 
-    monkeypatch.setattr(sharded, "group_coordinator_all_gather", lambda group: "gather")
+    monkeypatch.setattr(ranks, "group_coordinator_all_gather", lambda group: "gather")
     made = []
 
-    def fake_sharded_sample(runner, hidden, batch, make_verifier):
+    def fake_sharded_sample(runner, hidden, batch, make_verifier, plan=None):
         made.append(make_verifier(125))
         made.append(make_verifier(125))  # cached per shard width
         return "sharded"

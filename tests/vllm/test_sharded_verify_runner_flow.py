@@ -1,4 +1,4 @@
-"""The runner integration's data flow (vllm_kimi_ext.verify.vllm_runner.sharded_sample)
+"""The runner integration's data flow (vllm_kimi_ext.integration.sharded_verify.sharded_sample)
 on CPU: vLLM's input-batch layout and ``SamplingStates`` in, vLLM's ``SamplerOutput``
 out, decisions equal to the full-logits reference token for token — at TP=1 and at
 TP=2 (one thread per rank, each computing only its vocabulary shard), with Kimi's
@@ -92,8 +92,8 @@ def _case(temps, top_p, probabilistic, seed=0):
 
 def _run(case, tp):
     from testkit.verify_simulate import run_ranks, shard_columns
+    from vllm_kimi_ext.integration.sharded_verify import _PARAMS_ATTR, _Eager, sharded_sample
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
-    from vllm_kimi_ext.verify.vllm_runner import _PARAMS_ATTR, _Eager, sharded_sample
 
     shards = shard_columns(case.logits, tp, V)
     cache = None if case.cache is None else SimpleNamespace(values=case.cache, row_mapping=None)

@@ -30,7 +30,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from vllm_kimi_ext.costmodel import draft_cost
+from vllm_kimi_ext.costmodel import draft_cost, verify_cost
 from vllm_kimi_ext.costmodel.acceptance import Acceptance
 from vllm_kimi_ext.costmodel.catalog import (
     DraftProfile,
@@ -48,9 +48,10 @@ VOCABS = ("full", "reduced")
 VERIFIERS = ("gather", "sharded")
 COUNT_MODES = ("profile", "code")
 
-#: Bytes each rank contributes per row to the vocabulary-sharded verifier (max / sum-exp /
-#: Gumbel-max value as fp32 + a winning id as int32).
-SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK = 16
+#: Bytes each rank contributes per row to the vocabulary-sharded verifier where the measured
+#: report has no measurement (the fallback: max / sum-exp / Gumbel-max value as fp32 + a
+#: winning id; :func:`.verify_cost.sharded_terms` prices it from the report otherwise).
+SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK = verify_cost.FALLBACK_BYTES_PER_ROW_PER_RANK
 #: Bytes moved per logit by a full-vocabulary sampler (read bf16, write and read fp32 probs).
 SAMPLER_BYTES_PER_LOGIT = 10
 #: Size assumed for the unattributed per-step all-reduces of the public profile.
@@ -356,7 +357,11 @@ class CostModel:
         return self.model.num_layers * c["allreduce_per_layer"] + c["embedding_allreduce"]
 
     # -- verification -------------------------------------------------------------------------
-    def verification(self, rows: float, verifier: str, backend: str) -> list[Term]:
+    def verification(self, rows: float, verifier: str, backend: str,
+                     k: int | None = None) -> list[Term]:
+        """The verify phase: ``gather`` priced by the model; ``sharded`` from the measured
+        report at ``(rows, k)`` (Kimi's T = 1.0 / top_p 0.95), else the constant fallback,
+        labelled as such."""
         m, tp = self.model, self.tp
         v = m.vocab_size
         kern = m.kernels["sampler"]
@@ -371,15 +376,21 @@ class CostModel:
             ]
         if verifier != "sharded":
             raise ValueError(f"unknown verifier {verifier!r}")
+        measured = verify_cost.sharded_terms(self, rows, k)
+        if measured is not None:
+            return measured
         per_rank = rows * SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK
         total = per_rank * tp
         # The implementation may use whichever carries the tiny payload faster.
         fast = min((backend, "nccl"), key=lambda b: self.latency.latency_us("allgather", total, b))
         return [
-            self.collective("verify", f"sharded verifier gather ({fast})", "allgather",
-                            gathers, total, fast, per_rank_bytes=per_rank),
-            self.compute("verify", "sampler over local vocabulary shard",
-                         rows * v / tp * SAMPLER_BYTES_PER_LOGIT, 0.0, kern + 2),
+            self.collective("verify", f"sharded verifier gather ({fast}; constant fallback: "
+                            f"{SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK} B per row, not "
+                            "measured here)", "allgather", gathers, total, fast,
+                            per_rank_bytes=per_rank),
+            self.compute("verify", "sampler over local vocabulary shard (constant fallback: "
+                         "not measured here)", rows * v / tp * SAMPLER_BYTES_PER_LOGIT, 0.0,
+                         kern + 2),
         ]
 
     # -- draft (delegated) ----------------------------------------------------------------
@@ -465,7 +476,8 @@ class CostModel:
         per_seq = variant.verify_tokens_per_seq or (plan.k + 1)
         n = b * per_seq
         terms = self.target_pass(n, b, plan.context, plan.backend)
-        terms += self.verification(n, plan.verifier, plan.backend)
+        terms += self.verification(n, plan.verifier, plan.backend,
+                                   k=plan.k if per_seq == plan.k + 1 else None)
         draft = self.draft_step(plan.draft, plan.k, b, plan.context, plan.placement,
                                 plan.vocab, plan.backend)
         if variant.hide_draft_behind_comm:

@@ -580,9 +580,6 @@ def what_to_run_markdown() -> str:
         "## Recommendation: single stream", "",
         headline_markdown(h), "",
     ]
-    crossover = getattr(verify_cost, "crossover_markdown", None)
-    if crossover is not None:  # the verifier's block (verify_cost.py owns its content)
-        out += [crossover(), ""]
     out += _drafts_section(cm)
     out += ["## Sensitivity of the answer", "",
             f"The answer's draft (`{h.draft.name}`) re-chosen by the same rule under one change "
@@ -591,6 +588,7 @@ def what_to_run_markdown() -> str:
             md_table(["change", "choice", "evidence", "tok/s point (interval)", "x stock"],
                      _sensitivity_rows(cm, h)), ""]
     out += _levers_section(cm, h)
+    out += ["", *verify_cost.crossover_markdown(cm)]
     out += ["", "Reproduce: `vllm-kimi-ext plan --draft " + h.draft.name + "` (the answer, "
             "the table, the evidence, the explanation); `vllm-kimi-ext plan --validate` (the "
             "fit against every public point)."]

@@ -346,6 +346,42 @@ def price_batch_sharded(cm, meas: VerifyMeasurements | None, batch: int, k: int,
                        "priced (lower bound)")
 
 
+#: The sampling mode the cost model's sharded-verifier row is priced in (Kimi's thinking
+#: mode, T = 1.0 / top_p 0.95: what Kimi's API serves by default).
+DEFAULT_MODE = "top_p_T1"
+#: The constant the sharded-verifier row falls back to where the report has no measurement
+#: (one all-gather of 4 float32 per row per rank: the stats-only step without any cut).
+FALLBACK_BYTES_PER_ROW_PER_RANK = 16
+
+
+def sharded_terms(cm, rows: float, k: int | None, mode: str = DEFAULT_MODE,
+                  meas: VerifyMeasurements | None = None) -> list | None:
+    """The cost model's verify terms of the sharded verifier at ``rows = B (k + 1)``, priced
+    from the measured report: the measured per-rank step (compute) and its all-gather
+    rounds of the measured payload on the PCIe collective model. None where the report has
+    no measurement (no report, ``k`` unknown or outside the measured rows): the caller then
+    falls back to :data:`FALLBACK_BYTES_PER_ROW_PER_RANK` and says so."""
+    from vllm_kimi_ext.costmodel.terms import Term
+
+    meas = meas if meas is not None else measurements()
+    if meas is None or k is None:
+        return None
+    us = meas.at(k, mode, rows, "ours_graph_us")
+    comm = meas.sharded_comm(k, mode, rows)
+    if us is None or comm is None:
+        return None
+    payload, rounds = comm
+    per_rank = rows * payload
+    gathers = int(cm.model.collectives.get("logits_allgather", 1))
+    return [
+        cm.collective("verify", f"sharded verifier: {rounds} all-gather(s) of {payload:g} B "
+                      f"per row per rank (measured payload, {mode})", "allgather",
+                      gathers * rounds, per_rank * cm.tp, "nccl", per_rank_bytes=per_rank),
+        Term("verify", f"sharded verify step per rank (measured: {meas.hardware_text()}, "
+             f"CUDA graph, {mode}, {REPORT_NAME})", time_s=gathers * us * 1e-6),
+    ]
+
+
 PRICERS = {"stock": price_stock, "sharded": price_sharded, "batch_sharded": price_batch_sharded}
 
 
@@ -458,3 +494,52 @@ def sharded_recommendable(cm, batch: int, k: int, meas: VerifyMeasurements | Non
                            f"{s.total_us:.0f} us vs {g.total_us:.0f} us per verify step, "
                            f"measured compute on {meas.hardware_text()} + PCIe comm model)")
     return True, ""
+
+
+def crossover(cm, meas: VerifyMeasurements | None, k: int, mode: str,
+              max_batch: int = 64) -> int | None | str:
+    """The smallest batch from which ``--enable-batch-sharded-sampling``'s priced verify
+    step is shorter than the sharded verifier's at every larger priced batch; ``"never"``
+    when the sharded verifier is shorter at the largest priced batch; None when nothing is
+    priced."""
+    wins, priced = winning_batches(cm, meas, k, mode, "batch_sharded", "sharded", max_batch)
+    if not priced:
+        return None
+    start = next((b for b in priced if all(x in wins for x in priced if x >= b)), None)
+    return "never" if start is None else start
+
+
+CROSSOVER_MODE_WORDS = {"top_p_T1": "T = 1.0, top_p 0.95 (Kimi thinking)",
+                        "top_p_T0.6": "T = 0.6, top_p 0.95 (Kimi instant)",
+                        "greedy": "greedy", "topk_minp": "top-k + min-p"}
+
+
+def crossover_markdown(cm, meas: VerifyMeasurements | None = None) -> list[str]:
+    """The block ``docs/what-to-run.md`` shows: per sampling mode and measured ``k``, from
+    which batch vLLM's batch-sharded sampling beats the sharded verifier (both priced from
+    the measured report, the communication from the PCIe model)."""
+    meas = meas if meas is not None else measurements()
+    out = ["## Verifier: sharded verification or batch-sharded sampling", ""]
+    if meas is None:
+        return out + [f"{NOT_PRICED}: no measured verify-step report ({REPORT_NAME}).", ""]
+    rows = []
+    for k in sorted({c.k for c in meas.cases}):
+        for mode in MODES:
+            c = crossover(cm, meas, k, mode)
+            if c is None:
+                continue
+            priced = winning_batches(cm, meas, k, mode, "sharded", "stock")[1]
+            rows.append(f"| {CROSSOVER_MODE_WORDS[mode]} | {k} | "
+                        + ("sharded faster at every priced batch" if c == "never"
+                           else "batch-sharded faster at every priced batch" if c == priced[0]
+                           else f"batch {c}")
+                        + f" | {priced[0]}-{priced[-1]} |")
+    return out + [
+        "A forecast from measured inputs: each verifier's verify step per rank is the time "
+        f"measured on {meas.hardware_text()} (CUDA graph, {REPORT_NAME}, {meas.date}) plus its "
+        "collectives priced by the PCIe model; batch-sharded sampling needs git patch "
+        "logits-local (`compute_logits_local` for Kimi-K2.5). From the batch below on, vLLM's "
+        "`--enable-batch-sharded-sampling` is the faster verifier; below it, "
+        "`VLLM_KIMI_EXT_SHARDED_VERIFY=1`.", "",
+        "| sampling | k | batch-sharded sampling faster from | batches priced |",
+        "|---|---:|---|---|", *rows, ""]

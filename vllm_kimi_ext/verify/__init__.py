@@ -1,43 +1,60 @@
 """Exact speculative-decoding verification over vocabulary shards.
 
-Pure torch (Triton optional, imported lazily; vLLM never imported):
+Pure torch plus Triton kernels (Triton imported only where a Triton path runs); vLLM is
+never imported here: the glue that runs inside vLLM's model runner is
+:mod:`vllm_kimi_ext.integration.sharded_verify`.
 
-* :mod:`.reference`: :class:`ReferenceVerifier`, vLLM's standard rejection rules
-  on full ``[rows, V]`` logits;
-* :mod:`.sharded`: :class:`VocabShardedVerifier`, the same decisions from one
-  vocabulary shard per rank plus one small all-gather (see its docstring for
-  the proof sketch and :func:`comm_plan` for the bytes);
-* :mod:`.kernels`: the fused shard-local statistics (Triton on CUDA, fused torch
-  elsewhere); :mod:`.hashing`: the counter-based noise both sides share;
-* :mod:`.plan`: when to fall back to the full gather (top-p, logprobs, ...).
+* :mod:`.step_plan`: the host-side plan of a step, :func:`plan_from_params` →
+  :class:`StepPlan` (shapes and rounds) or :class:`Fallback` (the full logits gather,
+  with its reason: logprobs, penalties, structured output, ...), and the step's device
+  inputs :class:`StepInputs`;
+* :mod:`.graph_step`: :class:`GraphVerifyStep`, the product's verifier (one rank, a
+  fixed sequence of launches and all-gathers: greedy, temperature, top-k, min-p, top-p
+  and probabilistic drafts), and :class:`StepGraphs`, its CUDA graphs captured at
+  warm-up for a fixed list of padded row counts;
+* :mod:`.step_torch` / :mod:`._graph_kernels` / :mod:`._escalate_kernels`: the torch and
+  Triton implementations of the step's stages (one rule picks one,
+  :func:`.ranks.use_triton`); :mod:`.kernels` / :mod:`._triton_kernels`: the fused
+  shard statistics and the shared Triton helpers;
+* :mod:`.ranks`: the shard geometry and the ``all_gather`` adapters
+  (``torch.distributed``, vLLM's ``GroupCoordinator``, a counting wrapper);
+* :mod:`.reference`: :class:`ReferenceVerifier`, vLLM's standard rejection rules on full
+  ``[rows, V]`` logits, the oracle of every test; :mod:`.hashing`: the counter-based
+  noise both sides share; :mod:`.batch`: the reference's batch layout.
 """
 
 from .batch import VerifyBatch, VerifyOutput
-from .plan import Fallback, FallbackCounter, ShardedPlan, plan_verification
-from .reference import ReferenceVerifier
-from .sharded import (
-    BatchModes,
-    CommPlan,
+from .graph_step import GraphVerifyStep, StepGraphs
+from .ranks import (
     CountingAllGather,
-    VocabShardedVerifier,
-    comm_plan,
+    full_gather_bytes_per_row,
     group_coordinator_all_gather,
     torch_distributed_all_gather,
 )
+from .reference import ReferenceVerifier
+from .step_plan import (
+    Fallback,
+    FallbackCounter,
+    StepInputs,
+    StepOutput,
+    StepPlan,
+    plan_from_params,
+)
 
 __all__ = [
-    "BatchModes",
-    "CommPlan",
     "CountingAllGather",
     "Fallback",
     "FallbackCounter",
+    "GraphVerifyStep",
     "ReferenceVerifier",
-    "ShardedPlan",
+    "StepGraphs",
+    "StepInputs",
+    "StepOutput",
+    "StepPlan",
     "VerifyBatch",
     "VerifyOutput",
-    "VocabShardedVerifier",
-    "comm_plan",
+    "full_gather_bytes_per_row",
     "group_coordinator_all_gather",
-    "plan_verification",
+    "plan_from_params",
     "torch_distributed_all_gather",
 ]

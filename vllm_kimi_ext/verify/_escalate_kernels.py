@@ -41,8 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._graph_kernels import _key_value, _okey
-from ._triton_kernels import _LAUNCH_LOCK, _gumbel, _row_keys
+from ._triton_kernels import _LAUNCH_LOCK, _gumbel, _key_value, _okey, _row_keys
 from .hashing import DOMAIN_GUMBEL
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
@@ -313,7 +312,16 @@ def _scratch(store: dict, dev: torch.device, slots: int) -> dict:
     return cur
 
 
-def escalate_one_hot_bf16(g, idx, real, inp, merged, vocab_size, deferred, store: dict):
+def escalate_one_hot_bf16(
+    g,  # [TP, E, S] bf16: the gathered shard rows of the E slots
+    idx,  # [E] int64: the row of each slot
+    real,  # [E] int8: the slot holds an uncertified row
+    inp,  # StepInputs
+    merged,  # Merged (updated in place; row_max [rows] float32 required)
+    vocab_size: int,
+    deferred,  # [rows] int8
+    store: dict,  # the step's persistent scratch
+):
     """The escalation of one-hot drafts on gathered bf16 rows ``g [TP, E, S]``; updates
     ``merged`` and ``deferred`` (int8) in place. ``merged.row_max`` must hold each row's
     maximum of ``z / T`` (round 1's merge); ``store`` keeps the step's scratch."""
@@ -344,3 +352,40 @@ def escalate_one_hot_bf16(g, idx, real, inp, merged, vocab_size, deferred, store
             merged.gval, merged.gidx, merged.lse, merged.sx, deferred,
             C=CHUNK, PCH=pch, NPART=NPART, num_warps=STATS_WARPS)
     return deferred
+
+
+@triton.jit
+def _pick_kernel(unc_ptr, rin_ptr, R, idx_ptr, real_ptr, defer_ptr,
+                 E: tl.constexpr, RP: tl.constexpr):
+    """The escalation slots: the ``E`` uncertified rows first in (row within request,
+    row) order; also the deferred-rows buffer initialised to the uncertified rows."""
+    r = tl.arange(0, RP)
+    ok = r < R
+    u = (tl.load(unc_ptr + r, mask=ok, other=0) != 0) & ok
+    rin = tl.load(rin_ptr + r, mask=ok, other=0).to(tl.int64)
+    big = 2**62
+    key = tl.where(u, rin * (R + 1) + r, big)
+    sk = tl.sort(key, dim=0)
+    valid = sk < big
+    row = tl.where(valid, sk % (R + 1), 0)
+    tl.store(idx_ptr + r, row, mask=r < E)
+    tl.store(real_ptr + r, valid.to(tl.int8), mask=r < E)
+    tl.store(defer_ptr + r, u.to(tl.int8), mask=ok)
+
+
+def pick_slots(
+    uncertified,  # [rows] int8 / bool
+    row_in_req,  # [rows] int64
+    slots: int,
+):
+    """Triton :func:`.step_torch.pick_slots`; returns ``(idx, real, deferred int8)``."""
+    R = uncertified.shape[0]
+    dev = uncertified.device
+    idx = torch.empty(slots, dtype=torch.int64, device=dev)
+    real = torch.empty(slots, dtype=torch.int8, device=dev)
+    deferred = torch.empty(R, dtype=torch.int8, device=dev)
+    with _LAUNCH_LOCK:
+        _pick_kernel[(1,)](uncertified.to(torch.int8), row_in_req.contiguous(), R, idx, real,
+                           deferred, E=slots, RP=triton.next_power_of_2(max(R, slots)),
+                           num_warps=4)
+    return idx, real, deferred

@@ -1,4 +1,5 @@
-"""Triton kernels of :mod:`.graph_step` (imported only when Triton is available).
+"""Triton kernels of :mod:`.graph_step`, the twins of :mod:`.step_torch` (imported only
+when Triton is available).
 
 * ``_cand_kernel`` (grid ``rows x splits``): each program loads one slice of its
   row's shard once and produces the slice's float64 sum-exp partial, its
@@ -8,7 +9,7 @@
   round-1 payload row: Gumbel-max, the shard log-sum-exp (float64 as two
   float32), ``s_x``, and the row's first ``W`` values and global ids.
 * ``_merge_kernel`` (one program per row): the round-1 merge of
-  :func:`.graph_step.merge_round1_torch` for one-hot drafts: candidates of all
+  :func:`.step_torch.merge_round1_torch` for one-hot drafts: candidates of all
   ranks sorted once, the min-p / top-k / top-p cut with its certificate, and the
   kept set's log-sum-exp, ``s_x`` and Gumbel-max (draft excluded).
 
@@ -23,8 +24,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_kernels import _LAUNCH_LOCK, _draft_col, _element_hash, _gumbel, _row_keys, _uniform
+from ._escalate_kernels import escalate_one_hot_bf16
+from ._triton_kernels import (
+    _LAUNCH_LOCK,
+    _draft_col,
+    _element_hash,
+    _gumbel,
+    _key_value,
+    _okey,
+    _row_keys,
+    _uniform,
+)
 from .hashing import DOMAIN_ACCEPT, DOMAIN_GUMBEL
+from .kernels import shard_local_stats_triton
+from .step_torch import Merged, _logq_at, constant, merge_round1_torch
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
 #: Launch shapes (measured on an H200: ``bench/kernels/bench_verify_graph.py``).
@@ -51,24 +64,6 @@ def _unkey(k):
     val = tl.where(k == _SENT, float("-inf"), val)
     gid = tl.where(k == _SENT, -1, gid)
     return val, gid
-
-
-@triton.jit
-def _okey(z):
-    """Ordered key in ``[0, 65536)`` of bf16 ``z``: the order of ``z`` (and of ``z / T`` for
-    T > 0: distinct bf16 values stay distinct); ``-0.0`` keys as ``+0.0``."""
-    b = z.to(tl.int16, bitcast=True).to(tl.int32)
-    b = tl.where(b == -32768, 0, b)
-    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
-
-
-@triton.jit
-def _key_value(key, t):
-    """``s = z / T`` of the bf16 value whose :func:`_okey` is ``key``."""
-    o = key - 32768
-    b = o ^ ((o >> 15) & 0x7FFF)
-    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-    return tl.div_rn(z, t)
 
 
 @triton.jit
@@ -188,10 +183,16 @@ def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
         tl.store(base + 5 + W + kk, gid.to(tl.float32), mask=kk < W)
 
 
-def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
-    """Triton version of :func:`.graph_step.round1_payload_torch`."""
-    from .kernels import shard_local_stats_triton
-
+def round1_payload(
+    logits_shard,  # [rows, S], the logits' dtype (bf16 / fp16 / fp32), unit column stride
+    inp,  # StepInputs: int64 / float32 [rows] per-row tensors
+    plan,  # StepPlan (host)
+    col_offset: int,
+    vocab_size: int,
+    q_full,  # [rows, >= V] float32 draft probabilities, or None (one-hot drafts)
+):
+    """Triton version of :func:`.step_torch.round1_payload_torch`; returns
+    ``[rows, plan.round1_width]`` float32."""
     R, S = logits_shard.shape
     dev = logits_shard.device
     n_valid = max(0, min(S, vocab_size - col_offset))
@@ -232,8 +233,6 @@ def round1_payload(logits_shard, inp, plan, col_offset, vocab_size, q_full):
                                  PK=PK, W=W, KP=KP, K16=k16,
                                  num_warps=TUNE["cand_merge_warps"])
     if q_full is not None:
-        from .graph_step import _logq_at
-
         out[:, 4] -= _logq_at(q_full, inp.draft[:, None], vocab_size)[:, 0]
     return out
 
@@ -348,11 +347,16 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
     tl.store(rmax_ptr + row, rmax)
 
 
-def merge_round1(g, inp, plan, vocab_size, rank_valid, q_full):
-    """Triton version of :func:`.graph_step.merge_round1_torch` (probabilistic drafts and
+def merge_round1(
+    g,  # [TP, rows, round1_width] float32, the gathered round-1 payloads
+    inp,  # StepInputs
+    plan,  # StepPlan (host)
+    vocab_size: int,
+    rank_valid,  # [TP] int64: valid columns of each rank's shard
+    q_full,  # [rows, >= V] float32 or None
+):
+    """Triton version of :func:`.step_torch.merge_round1_torch` (probabilistic drafts and
     all-greedy steps use the torch merge: their merge is a handful of ops)."""
-    from .graph_step import Merged, constant, merge_round1_torch
-
     if q_full is not None or plan.all_greedy:
         return merge_round1_torch(g, inp, plan, vocab_size, rank_valid, q_full)
     TP, R, P1 = g.shape
@@ -432,8 +436,16 @@ def _decide_merged_kernel(cu_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr,
     tl.store(margin_ptr + rows, margin, mask=jm)
 
 
-def decide_merged(merged, deferred, inp, plan, vocab_size):
-    """Triton version of :func:`.graph_step.decide_merged_torch`."""
+def decide_merged(
+    merged,  # Merged: [rows] gval float32, gidx int64, lse float32, sx float32, res_tok int64
+    deferred,  # [rows] int8 / bool
+    inp,  # StepInputs
+    plan,  # StepPlan (host)
+    vocab_size: int,
+):
+    """Triton version of :func:`.step_torch.decide_merged_torch`; returns ``(sampled
+    [reqs, max_rows_per_req] int64, num_sampled [reqs] int32, decision_row [reqs] int64,
+    accept_margin [rows] float32, stopped [reqs] int8)``."""
     dev = merged.gidx.device
     Q, Lmax = plan.num_reqs, plan.max_rows_per_req
     sampled = torch.empty((Q, Lmax), dtype=torch.int64, device=dev)
@@ -606,13 +618,20 @@ def _escalate_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     tl.store(defer_ptr + row, tl.zeros((), tl.int8))
 
 
-def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred, store=None):
+def escalate_one_hot(
+    g,  # [TP, E, S] the logits' dtype: the gathered shard rows of the E slots
+    idx,  # [E] int64: the row of each slot
+    real,  # [E] int8: the slot holds an uncertified row
+    inp,  # StepInputs
+    merged,  # Merged (updated in place)
+    vocab_size: int,
+    deferred,  # [rows] int8, the uncertified rows on entry
+    store=None,  # the step's persistent scratch (dict) for the split bf16 escalation
+):
     """Triton escalation for one-hot drafts: updates ``merged`` and ``deferred`` (int8,
     initialised to the uncertified rows) in place; returns the deferred rows."""
     TP, E, S = g.shape
     if g.dtype == torch.bfloat16 and merged.row_max is not None and store is not None:
-        from ._escalate_kernels import escalate_one_hot_bf16
-
         return escalate_one_hot_bf16(g, idx, real, inp, merged, vocab_size, deferred, store)
     if g.stride(2) != 1:
         g = g.contiguous()
@@ -626,36 +645,3 @@ def escalate_one_hot(g, idx, real, inp, merged, vocab_size, deferred, store=None
                                merged.lse, merged.sx, merged.nucleus_margin, deferred,
                                wbuf, kbuf, BLOCK=8192, K16=k16, num_warps=16)
     return deferred
-
-
-@triton.jit
-def _pick_kernel(unc_ptr, rin_ptr, R, idx_ptr, real_ptr, defer_ptr,
-                 E: tl.constexpr, RP: tl.constexpr):
-    """The escalation slots: the ``E`` uncertified rows first in (row within request,
-    row) order; also the deferred-rows buffer initialised to the uncertified rows."""
-    r = tl.arange(0, RP)
-    ok = r < R
-    u = (tl.load(unc_ptr + r, mask=ok, other=0) != 0) & ok
-    rin = tl.load(rin_ptr + r, mask=ok, other=0).to(tl.int64)
-    big = 2**62
-    key = tl.where(u, rin * (R + 1) + r, big)
-    sk = tl.sort(key, dim=0)
-    valid = sk < big
-    row = tl.where(valid, sk % (R + 1), 0)
-    tl.store(idx_ptr + r, row, mask=r < E)
-    tl.store(real_ptr + r, valid.to(tl.int8), mask=r < E)
-    tl.store(defer_ptr + r, u.to(tl.int8), mask=ok)
-
-
-def pick_slots(uncertified, row_in_req, slots):
-    """Triton :func:`.graph_step.pick_slots`; returns ``(idx, real, deferred int8)``."""
-    R = uncertified.shape[0]
-    dev = uncertified.device
-    idx = torch.empty(slots, dtype=torch.int64, device=dev)
-    real = torch.empty(slots, dtype=torch.int8, device=dev)
-    deferred = torch.empty(R, dtype=torch.int8, device=dev)
-    with _LAUNCH_LOCK:
-        _pick_kernel[(1,)](uncertified.to(torch.int8), row_in_req.contiguous(), R, idx, real,
-                           deferred, E=slots, RP=triton.next_power_of_2(max(R, slots)),
-                           num_warps=4)
-    return idx, real, deferred

@@ -90,6 +90,25 @@ def _gumbel(h1, h2, gid):
     return -tl.log(-_log1p(-u))
 
 
+# bf16 order keys (shared by the round-1 and the escalation kernels)
+@triton.jit
+def _okey(z):
+    """Ordered key in ``[0, 65536)`` of bf16 ``z``: the order of ``z`` (and of ``z / T`` for
+    T > 0: distinct bf16 values stay distinct); ``-0.0`` keys as ``+0.0``."""
+    b = z.to(tl.int16, bitcast=True).to(tl.int32)
+    b = tl.where(b == -32768, 0, b)
+    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
+
+
+@triton.jit
+def _key_value(key, t):
+    """``s = z / T`` of the bf16 value whose :func:`_okey` is ``key``."""
+    o = key - 32768
+    b = o ^ ((o >> 15) & 0x7FFF)
+    z = b.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return tl.div_rn(z, t)
+
+
 @triton.jit
 def hash_bits_kernel(out_ptr, seed_ptr, pos_ptr, n, BLOCK: tl.constexpr):
     """Debug kernel: raw 32-bit Gumbel-domain hash of tokens ``0..n-1`` per row."""
@@ -351,8 +370,19 @@ def _decide_kernel(
 _LAUNCH_LOCK = threading.Lock()
 
 
-def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_valid,
-                 col_offset, chunk, splits, has_thr, exclude, block, num_warps, width):
+def launch_stats(
+    logits_shard,  # [rows, S] the logits' dtype, unit column stride
+    temp,  # [rows] float32 (0 = greedy)
+    thr,  # [rows] float32 cut on z / T (read only with has_thr)
+    lim,  # [rows] int64 tie column at the cut (read only with has_thr)
+    draft,  # [rows] int64 (-1: none)
+    seeds,  # [rows] int64
+    pos,  # [rows] int64
+    out,  # [rows, width] float32 (written)
+    parts,  # None, or 4 x [rows, splits] (float32 x 3, int32) split partials
+    n_valid: int, col_offset: int, chunk: int, splits: int, has_thr: bool, exclude: bool,
+    block: int, num_warps: int, width: int,
+):
     R = logits_shard.shape[0]
     single = splits == 1
     if single:
@@ -377,8 +407,19 @@ def launch_stats(logits_shard, temp, thr, lim, draft, seeds, pos, out, parts, n_
             )
 
 
-def launch_decide(gathered, cu, draft, temp, seeds, pos, sampled, num_sampled, drow, margin,
-                  vocab_size):
+def launch_decide(
+    gathered,  # [TP, rows, 2 or 4] float32, unit last stride: the stats-only round
+    cu,  # [reqs + 1] int64
+    draft,  # [rows] int64
+    temp,  # [rows] float32
+    seeds,  # [rows] int64
+    pos,  # [rows] int64
+    sampled,  # [reqs, max_rows_per_req] int64 (written)
+    num_sampled,  # [reqs] int32 (written)
+    drow,  # [reqs] int64 (written)
+    margin,  # [rows] float32 (written)
+    vocab_size: int,
+):
     tp, _, w = gathered.shape
     assert gathered.stride(2) == 1
     num_reqs = cu.shape[0] - 1

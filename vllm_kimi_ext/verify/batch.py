@@ -246,10 +246,6 @@ class HostModes:
     sampling_reqs: torch.Tensor
     num_sampling_reqs: int
 
-    @property
-    def has_top_p(self) -> bool:
-        return self.num_top_p_rows > 0
-
     @staticmethod
     def build(L: RowLayout, vocab_size: int) -> HostModes:
         greedy_req = L.temperature_per_req() == 0

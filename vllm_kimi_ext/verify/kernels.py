@@ -20,16 +20,12 @@ slot   meaning
 =====  =====================================================================
 
 ``mask`` keeps ``s_v > threshold`` and, at ``s_v == threshold``, the columns
-``<= tie_col`` (the exact min-p/top-k/top-p cut of :mod:`.cuts`, already merged
-over ranks: the rank's share of a prefix of the row in (value, id) order); it
-sets every other ``s_v`` and the padding to ``-inf``. When every row is
-greedy only slots 0-1 are produced (``width=2``: 8 bytes per row).
-
-After the all-gather, :func:`decide` merges the ``[TP, rows, W]`` statistics
-(max value then lowest id; log-sum-exp of log-sum-exps; max of ``s_x``) and runs
-the accept test / first-rejection scan, returning vLLM's ``(sampled,
-num_sampled)``. It too has a torch and a Triton implementation (one program per
-request).
+``<= tie_col`` (an exact min-p/top-k/top-p cut already merged over ranks: the
+rank's share of a prefix of the row in (value, id) order); it sets every other
+``s_v`` and the padding to ``-inf``. When every row is greedy only slots 0-1 are
+produced (``width=2``: 8 bytes per row). The graph step
+(:mod:`.graph_step`) sends these statistics in its stats-only steps and runs them on
+escalated rows; :func:`merge_argmax` is its merge of ``(max, argmax)`` pairs.
 
 Two implementations with the same contract:
 
@@ -40,9 +36,7 @@ Two implementations with the same contract:
   and a running Gumbel-argmax; a second tiny kernel merges the splits; row
   keys are derived in-kernel). Used automatically for CUDA tensors when
   Triton is importable. Triton is imported lazily: this module imports
-  without it. A verification step on the Triton path issues 3 launches
-  (statistics, split merge, decide) and no host synchronisation, so it can be
-  captured in a CUDA graph.
+  without it. No host synchronisation: CUDA-graph capturable.
 
 Both use the identical integer hash, so the noise bits agree exactly; float
 transcendental functions (``log``, ``log1p``, ``exp``) may differ by a few
@@ -57,8 +51,8 @@ import functools
 
 import torch
 
-from .batch import RowLayout, first_rejection
-from .hashing import DOMAIN_GUMBEL, accept_uniform, gumbel_noise, row_keys
+from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
+from .ranks import use_triton
 from .reference import scale_logits
 
 NEG_INF = float("-inf")
@@ -153,16 +147,6 @@ def shard_local_stats_torch(
 # ---------------------------------------------------------------------------
 # Triton implementation (lazy)
 # ---------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    try:
-        import triton
-        import triton.language
-    except ImportError:
-        return False
-    return hasattr(triton, "jit")
-
-
 @functools.lru_cache(maxsize=16)
 def _num_sms_cached(index: int) -> int:
     try:
@@ -247,10 +231,6 @@ def shard_local_stats_triton(
     return out
 
 
-def _use_triton(backend: str, t: torch.Tensor) -> bool:
-    return backend == "triton" or (backend == "auto" and t.is_cuda and triton_available())
-
-
 def shard_local_stats(
     logits_shard: torch.Tensor,
     temperature: torch.Tensor,
@@ -275,7 +255,7 @@ def shard_local_stats(
     (the one-hot residual); False for probabilistic drafts. ``width``: 4, or 2
     when every row is greedy (only ``gval, gidx`` are exchanged then).
     """
-    fn = shard_local_stats_triton if _use_triton(backend, logits_shard) else shard_local_stats_torch
+    fn = shard_local_stats_triton if use_triton(backend, logits_shard) else shard_local_stats_torch
     return fn(logits_shard, temperature, threshold, draft, seeds, positions, col_offset,
               vocab_size, exclude_draft, width, tie_col)
 
@@ -291,55 +271,3 @@ def merge_argmax(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, t
     # NaN rows: nothing equals the max; keep the lowest id reported.
     tok = torch.where(torch.isinf(tok), idx.min(dim=0).values, tok)
     return best, tok.to(torch.int64)
-
-
-def merge_lse(lse: torch.Tensor) -> torch.Tensor:
-    """``logsumexp`` over ranks of per-rank log-sum-exps ``[TP, n]``."""
-    return torch.logsumexp(lse, dim=0)
-
-
-def decide_torch(gathered: torch.Tensor, L: RowLayout, vocab_size: int):
-    """Merge ``[TP, rows, W]`` statistics and run the rejection rule (torch).
-
-    Returns ``(sampled, num_sampled, decision_row, margin)``.
-    """
-    from .batch import assemble_output
-
-    _, tok = merge_argmax(gathered[..., 0], gathered[..., 1])
-    greedy = L.temperature == 0
-    draft = L.draft
-    valid = (draft >= 0) & (draft < vocab_size)
-    if gathered.shape[-1] >= 4:
-        lse = merge_lse(gathered[..., 2])
-        sx = gathered[..., 3].max(dim=0).values
-        log_u = torch.log(accept_uniform(L.seeds, L.positions))
-        margin = (sx - lse) - log_u
-    else:
-        margin = torch.full((L.num_rows,), float("nan"), device=gathered.device)
-    accept = torch.where(greedy, valid & (tok == draft), valid & (margin > 0)) & ~L.is_bonus
-    num_accepted, drow = first_rejection(L, accept)
-    margin = torch.where(greedy, torch.full_like(margin, float("nan")), margin)
-    out = assemble_output(L, num_accepted, drow, tok[drow], accept_margin=margin)
-    return out.sampled, out.num_sampled, drow, margin
-
-
-def decide_triton(gathered: torch.Tensor, L: RowLayout, vocab_size: int):
-    """Same contract as :func:`decide_torch`, one Triton program per request."""
-    from . import _triton_kernels as tk
-
-    dev = gathered.device
-    g = gathered
-    if g.dtype != torch.float32 or g.stride(2) != 1:
-        g = g.to(torch.float32).contiguous()
-    sampled = torch.empty((L.num_reqs, L.max_rows_per_req), dtype=torch.int64, device=dev)
-    num_sampled = torch.empty((L.num_reqs,), dtype=torch.int32, device=dev)
-    drow = torch.empty((L.num_reqs,), dtype=torch.int64, device=dev)
-    margin = torch.empty((L.num_rows,), dtype=torch.float32, device=dev)
-    tk.launch_decide(g, L.cu_num_rows, L.draft, L.temperature, L.seeds, L.positions,
-                     sampled, num_sampled, drow, margin, vocab_size)
-    return sampled, num_sampled, drow, margin
-
-
-def decide(gathered: torch.Tensor, L: RowLayout, vocab_size: int, backend: str = "auto"):
-    fn = decide_triton if _use_triton(backend, gathered) else decide_torch
-    return fn(gathered, L, vocab_size)

@@ -1,5 +1,5 @@
 """Section ``verify-cpu`` (any machine): pytest-benchmark of the reference verifier beside
-one rank's work of the vocabulary-sharded verifier (``bench/bench_verify_cpu.py``)."""
+one rank's graph verification step, the product's verifier (``bench/bench_verify_cpu.py``)."""
 
 from __future__ import annotations
 
@@ -136,8 +136,9 @@ def run_verify(ctx: Context) -> Outcome:
     cpu = data.get("machine_info", {}).get("cpu", {})
     md = [
         ("`pytest bench/bench_verify_cpu.py` with pytest-benchmark: the full-vocabulary "
-        "reference verifier and one rank's work of the vocabulary-sharded verifier (its "
-        "all-gather replaced by a local stand-in, so no communication), timed side by side "
+        "reference verifier and one rank's graph verification step (`GraphVerifyStep`, torch "
+        "backend; its all-gather replaced by a local stand-in, so no communication), timed "
+        "side by side "
         f"in one run on {cpu.get('brand_raw') or ctx.caps.get('cpu')} "
         f"(OMP_NUM_THREADS={threads}). Ratios are "
         "reference / case within a group, of medians and of minima; on a shared 2-core "

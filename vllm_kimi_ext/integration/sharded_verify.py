@@ -5,22 +5,22 @@ patches (``vllm_kimi_ext/runtime/sampler.py`` and ``gpu_model_runner.py``) call
 into this module:
 
 * ``Sampler.add_request`` remembers each request slot's ``SamplingParams``
-  (:func:`remember_sampling_params`), so a step's eligibility is decided by
-  :func:`~vllm_kimi_ext.verify.plan.plan_verification` from the real parameters
+  (:func:`remember_sampling_params`), so a step's plan is decided by
+  :func:`~vllm_kimi_ext.verify.step_plan.plan_from_params` from the real parameters
   (top-p, penalties, bad words, logit bias, logprobs, structured output, ... →
   fallback with that reason);
-* ``GPUModelRunner.sample`` runs :func:`sample_step`, which takes the sharded
-  path for eligible verification steps: ``compute_logits_local`` (patch 0002)
-  instead of the logits all-gather,
-  :class:`~vllm_kimi_ext.verify.sharded.VocabShardedVerifier` over vLLM's TP group
-  (one all-gather of 16 bytes per row per rank for greedy and one-hot drafts; a
-  threshold round first with top-k/min-p/top-p; a residual round after with
-  probabilistic drafts), then vLLM's own ``get_num_sampled_and_rejected`` and
-  ``SamplerOutput``. Everything else — no drafts in the step, TP=1 — runs the
-  stock method unchanged; ineligible verification steps run it too and are
-  counted per reason (:data:`FALLBACKS`, debug-logged, summarised every 1000).
+* ``GPUModelRunner.sample`` runs :func:`sample_step`: the gate (:func:`gate`) returns
+  the step's :class:`~vllm_kimi_ext.verify.step_plan.StepPlan` or a
+  :class:`~vllm_kimi_ext.verify.step_plan.Fallback`; a planned step takes
+  ``compute_logits_local`` (git patch logits-local) instead of the logits all-gather and runs
+  :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep` over vLLM's TP group
+  (replayed from CUDA graphs captured at warm-up, :class:`.StepGraphs`), then vLLM's
+  own ``get_num_sampled_and_rejected`` and ``SamplerOutput``. Everything else — no
+  drafts in the step, TP=1 — runs the stock method unchanged; ineligible
+  verification steps run it too and are counted per reason (:data:`FALLBACKS`,
+  debug-logged, summarised every 1000 steps).
 
-The gate (:func:`ineligibility`) fails closed: it reads exactly the vLLM attributes
+The gate fails closed: it reads exactly the vLLM attributes
 listed in :data:`GATE_ATTRIBUTES` (a missing one → ``unknown_vllm_state``) and
 accepts only the object types in :data:`GATE_TYPES` (an unknown logits processor →
 ``logits_processors``); a canary test checks both lists against vLLM 0.34.0. Refused
@@ -42,7 +42,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_ext.verify.plan import Fallback, FallbackCounter, plan_verification
+from vllm_kimi_ext.verify.step_plan import Fallback, FallbackCounter, StepPlan, plan_from_params
 
 logger = logging.getLogger("vllm_kimi_ext.verify")
 
@@ -148,7 +148,8 @@ REJECTION_SAMPLER_TYPES = (_RS,)
 DRAFT_LOGITS_TYPES = (_DRAFT,)
 #: vLLM 0.34.0's built-in logits processors (``Sampler.__init__``). Each acts only on
 #: requests whose own parameters ask for it (logit bias / allowed ids / min tokens,
-#: penalties, bad words), and :func:`~.plan.plan_verification` refuses those requests;
+#: penalties, bad words), and :func:`~vllm_kimi_ext.verify.step_plan.plan_from_params`
+#: refuses those requests;
 #: any other processor type (``--logits-processors``, plugins) makes the step fall
 #: back with reason ``logits_processors``.
 SAFE_LOGITS_PROCESSOR_TYPES = (
@@ -179,19 +180,23 @@ def _read(obj: Any, owner: str, name: str) -> Any:
         raise UnknownVllmState(owner, name) from None
 
 
-def ineligibility(runner: Any, input_batch: Any, grammar_output: Any,
-                  tp_size: int, vocab_size: int) -> str | None:
-    """Why this step cannot be verified over vocab shards; None if it can.
+#: Gate answers that mean the stock path is simply the right one (not a fallback).
+NOT_FALLBACKS = ("tp1", "not_verification")
 
-    ``"not_verification"`` and ``"tp1"`` mean the stock path is simply the right
-    one (not a fallback); any other value is a counted fallback reason. Fails
-    closed: a vLLM attribute in :data:`GATE_ATTRIBUTES` that is missing gives
-    ``"unknown_vllm_state"`` (logged once per attribute).
+
+def gate(runner: Any, input_batch: Any, grammar_output: Any, tp_size: int,
+         vocab_size: int) -> StepPlan | Fallback:
+    """The step's :class:`StepPlan`, or the :class:`Fallback` that runs the stock method.
+
+    Reasons in :data:`NOT_FALLBACKS` mean the stock path is simply the right one; any
+    other reason is a counted fallback. Fails closed: a vLLM attribute in
+    :data:`GATE_ATTRIBUTES` that is missing gives ``"unknown_vllm_state"`` (logged once
+    per attribute).
     """
     if tp_size <= 1:
-        return "tp1"
+        return Fallback("tp1")
     try:
-        return _ineligibility(runner, input_batch, grammar_output, tp_size, vocab_size)
+        return _gate(runner, input_batch, grammar_output, tp_size, vocab_size)
     except UnknownVllmState as e:
         key = (e.owner, e.name)
         if key not in _logged_unknown:
@@ -199,10 +204,37 @@ def ineligibility(runner: Any, input_batch: Any, grammar_output: Any,
             logger.warning("vllm-kimi-ext sharded verification: vLLM has no %s.%s; every "
                            "such step falls back to the full logits gather "
                            "(reason unknown_vllm_state)", e.owner, e.name)
-        return "unknown_vllm_state"
+        return Fallback("unknown_vllm_state")
 
 
-def _ineligibility(runner, input_batch, grammar_output, tp_size, vocab_size):
+def ineligibility(runner: Any, input_batch: Any, grammar_output: Any,
+                  tp_size: int, vocab_size: int) -> str | None:
+    """Why this step cannot be verified over vocab shards (:func:`gate`'s reason); None if
+    it can."""
+    d = gate(runner, input_batch, grammar_output, tp_size, vocab_size)
+    return d.reason if isinstance(d, Fallback) else None
+
+
+def _gate(runner, input_batch, grammar_output, tp_size, vocab_size) -> StepPlan | Fallback:
+    reason = _runner_reason(runner, input_batch, grammar_output, vocab_size)
+    if reason is not None:
+        return Fallback(reason)
+    sampler = runner.sampler
+    idx_np = input_batch.idx_mapping_np
+    params = request_params(sampler, idx_np)
+    if params is None:
+        return Fallback("unknown_sampling_params")
+    custom = any(type_name(p) not in SAFE_LOGITS_PROCESSOR_TYPES
+                 for p in _read(sampler, "sampler", "logits_processors"))
+    k = _read(runner.rejection_sampler, "rejection_sampler", "num_speculative_steps")
+    return plan_from_params(
+        params, tp_size=tp_size, vocab_size=vocab_size,
+        num_rows=int(input_batch.num_draft_tokens) + len(params), max_rows_per_req=k + 1,
+        probabilistic=probabilistic_draft(runner), custom_logits_processors=custom)
+
+
+def _runner_reason(runner, input_batch, grammar_output, vocab_size) -> str | None:
+    """The runner-state reasons (everything but the requests' own parameters)."""
     rs = _read(runner, "runner", "rejection_sampler")
     if _read(input_batch, "input_batch", "num_draft_tokens") == 0 or rs is None:
         return "not_verification"
@@ -243,16 +275,6 @@ def _ineligibility(runner, input_batch, grammar_output, tp_size, vocab_size):
     for name in ("temperature", "seeds", "top_k", "top_p", "min_p"):
         _read(states, "sampling_states", name)
     _read(_read(sampler, "sampler", "req_states"), "req_states", "prefill_len")
-    params = request_params(sampler, idx_np)
-    if params is None:
-        return "unknown_sampling_params"
-    custom = any(type_name(p) not in SAFE_LOGITS_PROCESSOR_TYPES
-                 for p in _read(sampler, "sampler", "logits_processors"))
-    plan = plan_verification(params, tp_size=tp_size, vocab_size=vocab_size,
-                             custom_logits_processors=custom, top_p_sharded=True,
-                             probabilistic_draft=probabilistic_draft(runner))
-    if isinstance(plan, Fallback):
-        return plan.reason
     return None
 
 
@@ -342,39 +364,6 @@ def device_counts() -> dict[str, int]:
     return {"escalated_rows": a, "deferred_requests": b}
 
 
-def step_plan_from_params(params: list[Any], *, tp_size: int, shard_width: int,
-                          num_rows: int, max_rows_per_req: int, vocab_size: int,
-                          probabilistic: bool, logits_bytes: int):
-    """The step's :class:`~vllm_kimi_ext.verify.graph_step.StepPlan` from the requests'
-    ``SamplingParams`` (host objects: no device read)."""
-    from vllm_kimi_ext.verify.graph_step import plan_step
-
-    def get(p, name, default):
-        v = p.get(name, default) if isinstance(p, dict) else getattr(p, name, default)
-        return default if v is None else v
-
-    greedy = [float(get(p, "temperature", 1.0)) == 0.0 for p in params]
-    any_cut = may_escalate = uncut = False
-    max_k = 0
-    for p, g in zip(params, greedy):
-        if g:
-            continue
-        k = int(get(p, "top_k", 0))
-        k = k if 0 < k < vocab_size else 0
-        mp = float(get(p, "min_p", 0.0))
-        tp = float(get(p, "top_p", 1.0))
-        cut = k > 0 or mp > 0 or tp < 1
-        any_cut |= cut
-        uncut |= not cut
-        max_k = max(max_k, k)
-        may_escalate |= cut and k == 0 and (tp < 1 or mp > 0)
-    return plan_step(tp_size=tp_size, shard_width=shard_width, num_rows=num_rows,
-                     num_reqs=len(params), max_rows_per_req=max_rows_per_req,
-                     all_greedy=all(greedy), any_cut=any_cut, max_top_k=max_k,
-                     may_escalate=may_escalate, probabilistic=probabilistic,
-                     any_uncut_sampling=uncut, logits_bytes=logits_bytes)
-
-
 def draft_probs_full(values, expanded_idx_mapping, expanded_local_pos, temperature_rows,
                      vocab_size: int):
     """The draft distribution ``q`` per logits row over the whole vocabulary, as vLLM's
@@ -389,7 +378,8 @@ def draft_probs_full(values, expanded_idx_mapping, expanded_local_pos, temperatu
     return torch.softmax(z / t[:, None], dim=-1)
 
 
-def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verifier: Any):
+def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verifier: Any,
+                   plan: StepPlan | None = None):
     """The sharded verification step; returns what ``GPUModelRunner.sample`` returns.
 
     Per-request temperature, seed, top-k, top-p and min-p come from vLLM's
@@ -399,14 +389,15 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
     ``(logits_shard, StepInputs, StepPlan, q_full) -> StepOutput`` (a
     :class:`~vllm_kimi_ext.verify.graph_step.StepGraphs`, or a
     :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep`'s ``run``); its
-    ``last_plan`` is set to the plan it ran."""
+    ``last_plan`` is set to the plan it ran. ``plan``: the gate's (re-planned from the
+    same parameters if the logits shard's shape differs from the one it assumed)."""
     import torch
     from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import gather_draft_sampled
 
     from vllm_kimi_ext.comm import phase
-    from vllm_kimi_ext.verify.graph_step import StepInputs
+    from vllm_kimi_ext.verify.step_plan import StepInputs
 
     sampler = runner.sampler
     states = sampler.sampling_states
@@ -427,10 +418,14 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
                                                             input_batch.cu_num_logits),
             states.temperature.gpu[idx], states.seeds.gpu[idx], pos, states.top_k.gpu[idx],
             states.min_p.gpu[idx], states.top_p.gpu[idx], V)
-        plan = step_plan_from_params(
-            params, tp_size=verifier.tp_size, shard_width=local.shape[-1],
-            num_rows=int(local.shape[0]), max_rows_per_req=width, vocab_size=V,
-            probabilistic=cache is not None, logits_bytes=local.element_size())
+        shape = (int(local.shape[0]), int(local.shape[-1]), local.element_size())
+        if plan is None or (plan.num_rows, plan.shard_width, plan.logits_bytes) != shape:
+            plan = plan_from_params(
+                params, tp_size=verifier.tp_size, vocab_size=V, num_rows=shape[0],
+                max_rows_per_req=width, shard_width=shape[1], logits_bytes=shape[2],
+                probabilistic=cache is not None)
+            if isinstance(plan, Fallback):  # the gate accepted the same parameters
+                raise RuntimeError(f"sharded verification re-planned to a fallback: {plan}")
         q = None
         if cache is not None:
             q = draft_probs_full(cache.values, input_batch.expanded_idx_mapping,
@@ -466,11 +461,92 @@ class _Eager:
         return getattr(self.step, name)
 
 
-def _max_verify_rows(runner: Any) -> int:
-    """Rows of the largest verification step: ``max_num_reqs x (k + 1)``."""
-    k = runner.rejection_sampler.num_speculative_steps
-    reqs = getattr(getattr(runner, "scheduler_config", None), "max_num_seqs", None) or 256
-    return int(reqs) * (k + 1)
+def _max_reqs(runner: Any) -> int:
+    """Requests of the largest verification step (``max_num_seqs``, 256 if unknown)."""
+    return int(getattr(getattr(runner, "scheduler_config", None), "max_num_seqs", None) or 256)
+
+
+def _verifier(runner: Any, shard_width: int):
+    """The runner's verifier for its lm_head's (padded) vocab shard: :class:`StepGraphs`
+    (graphs captured by :func:`warm_up`) or the step run eagerly
+    (``VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS=0``), made once per shard width."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
+
+    from vllm_kimi_ext import envs
+    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
+    from vllm_kimi_ext.verify.ranks import group_coordinator_all_gather
+
+    cache = runner.__dict__.setdefault(_VERIFIERS_ATTR, {})
+    if shard_width not in cache:
+        step = GraphVerifyStep(runner.model_config.get_vocab_size(), get_tp_group().world_size,
+                               get_tensor_model_parallel_rank(),
+                               group_coordinator_all_gather(get_tp_group()),
+                               shard_width=shard_width)
+        k = runner.rejection_sampler.num_speculative_steps
+        cache[shard_width] = StepGraphs(step, max_reqs=_max_reqs(runner), rows_per_req=k + 1,
+                                        log=logger) \
+            if envs.SHARDED_VERIFY_GRAPHS.get() else _Eager(step)
+    return cache[shard_width]
+
+
+#: vLLM attributes :func:`warm_up` reads, ``(vLLM class, attribute)``; a missing one
+#: skips the warm-up (logged; every step then runs eagerly, counted ``not_warmed_up``).
+#: ``tests/canary/test_sharded_verify_gate.py`` checks each on vLLM 0.34.0.
+WARM_UP_ATTRIBUTES = (
+    (_RUNNER, "capture_model"), (_RUNNER, "device"), (_RUNNER, "model_config"),
+    (_RUNNER, "rejection_sampler"), (_RUNNER, "speculator"), (_RUNNER, "model"),
+    ("vllm.config.model.ModelConfig", "get_hidden_size"),
+    ("vllm.config.model.ModelConfig", "get_vocab_size"),
+    ("vllm.config.model.ModelConfig", "dtype"),
+    (_SPEC, "draft_logits"),
+)
+
+
+def warm_up(runner: Any) -> int:
+    """Capture the verification graphs before serving (called after vLLM's own
+    ``capture_model``, on every rank in the same order). Returns how many were captured
+    (0 when the step would not run sharded: TP = 1, no speculation, graphs off, or a
+    vLLM attribute in :data:`WARM_UP_ATTRIBUTES` missing)."""
+    try:
+        return _warm_up(runner)
+    except AttributeError as e:
+        logger.warning("vllm-kimi-ext sharded verification: no verification graphs captured "
+                       "(%s); every sharded step runs eagerly (counted not_warmed_up)", e)
+        return 0
+
+
+def _warm_up(runner: Any) -> int:
+    import torch
+    from vllm.distributed import get_tp_group
+
+    from vllm_kimi_ext import envs
+
+    if (get_tp_group().world_size <= 1 or runner.rejection_sampler is None
+            or not envs.SHARDED_VERIFY_GRAPHS.get()
+            or not hasattr(runner.model, "compute_logits_local")):
+        return 0
+    hidden = torch.zeros(1, runner.model_config.get_hidden_size(),
+                         dtype=runner.model_config.dtype, device=runner.device)
+    with torch.inference_mode():
+        local = runner.model.compute_logits_local(hidden)
+    graphs = _verifier(runner, int(local.shape[-1]))
+    cache = runner.speculator.draft_logits
+    n = graphs.warm_up(local.dtype, local.device, probabilistic=cache is not None,
+                       q_width=runner.model_config.get_vocab_size())
+    logger.info("vllm-kimi-ext sharded verification: %d verification graphs captured "
+                "(%d request counts up to %d, k + 1 = %d rows each)", n,
+                len(graphs.capture_sizes), graphs.max_reqs, graphs.rows_per_req)
+    return n
+
+
+def graph_counts(runner: Any) -> dict[str, int]:
+    """Steps replayed from a captured graph and steps run without one (per reason)."""
+    out: dict[str, int] = {"replayed": 0}
+    for v in runner.__dict__.get(_VERIFIERS_ATTR, {}).values():
+        out["replayed"] += getattr(v, "replayed", 0)
+        for reason, n in getattr(v, "uncaptured", {}).items():
+            out[f"uncaptured_{reason}"] = out.get(f"uncaptured_{reason}", 0) + n
+    return out
 
 
 def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any,
@@ -479,32 +555,19 @@ def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any
     verification step runs :func:`sharded_sample`; any other step runs
     ``original`` (the stock method), an ineligible verification step counted in
     :data:`FALLBACKS` with its reason."""
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
-
-    from vllm_kimi_ext import envs
-    from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
-    from vllm_kimi_ext.verify.sharded import group_coordinator_all_gather
+    from vllm.distributed import get_tp_group
 
     tp = get_tp_group().world_size
     vocab = runner.model_config.get_vocab_size()
-    reason = ineligibility(runner, input_batch, grammar_output, tp, vocab)
-    if reason is not None:
-        if reason not in ("tp1", "not_verification"):
-            FALLBACKS.record(Fallback(reason=reason))
+    plan = gate(runner, input_batch, grammar_output, tp, vocab)
+    if isinstance(plan, Fallback):
+        if plan.reason not in NOT_FALLBACKS:
+            FALLBACKS.record(plan)
         return original(runner, hidden_states, input_batch, grammar_output)
-    cache = runner.__dict__.setdefault(_VERIFIERS_ATTR, {})
-
-    def make_verifier(shard_width: int):
-        if shard_width not in cache:  # the lm_head's (padded) vocab shard
-            step = GraphVerifyStep(vocab, tp, get_tensor_model_parallel_rank(),
-                                   group_coordinator_all_gather(get_tp_group()),
-                                   shard_width=shard_width)
-            cache[shard_width] = StepGraphs(step, max_rows=_max_verify_rows(runner)) \
-                if envs.SHARDED_VERIFY_GRAPHS.get() else _Eager(step)
-        return cache[shard_width]
-
     _state["steps"] += 1
     if _state["steps"] % 1000 == 0:
-        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s",
-                    _state["steps"], FALLBACKS.as_dict(), device_counts())
-    return sharded_sample(runner, hidden_states, input_batch, make_verifier)
+        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s, "
+                    "graphs %s", _state["steps"], FALLBACKS.as_dict(), device_counts(),
+                    graph_counts(runner))
+    return sharded_sample(runner, hidden_states, input_batch,
+                          lambda width: _verifier(runner, width), plan)

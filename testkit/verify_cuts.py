@@ -1,8 +1,12 @@
-"""Exact min-p / top-k / top-p cuts over vocabulary shards (the threshold round).
+"""The first sharded verifier's threshold round: exact min-p / top-k / top-p cuts from
+each rank's first ``W`` values (kept for ``bench/topp_fallback.py``, which measures how
+often one round of ``W`` candidates certifies the top-p cut on real logits; the product's
+graph step applies the same certificate in
+:func:`vllm_kimi_ext.verify.step_torch.merge_round1_torch`).
 
 The mask vLLM 0.34.0 applies before rejection sampling (min-p, then top-k, then
 top-p on the temperature-scaled row ``s = z / T``; see
-:func:`.reference.sampling_keep_mask`) always keeps a *prefix* of the row in the
+:func:`vllm_kimi_ext.verify.reference.sampling_keep_mask`) always keeps a *prefix* of the row in the
 order (value descending, token id ascending). Shards own contiguous id ranges
 in rank order, so that order is "value descending, then rank, then local
 column". A prefix is therefore described on each rank by how many of its own
@@ -12,7 +16,7 @@ order: ``s > v`` or ``(s == v and col <= col_v)`` with ``(v, col_v)`` its
 kernels apply.
 
 One round (one all-gather): each rank sends, per row, its first ``W`` values in
-that order (:func:`local_top`) and, when some row uses top-p, its shard
+that order (``step_torch.local_top``) and, when some row uses top-p, its shard
 log-sum-exp in float64 as two float32 halves. Every rank merges the same
 ``[TP, rows, W + 2]`` payload (:func:`merge_cuts`):
 
@@ -44,49 +48,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import exclusive_cumsum, min_p_threshold, nucleus_margin
+from vllm_kimi_ext.verify.reference import exclusive_cumsum, min_p_threshold, nucleus_margin
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")
-
-#: float32 columns carrying the shard log-sum-exp (float64 split as hi + lo).
-LSE_COLUMNS = 2
-
-
-def local_top(s: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """First ``width`` entries of each row in the order (value desc, column asc).
-
-    Returns ``(values [n, width] float32, columns [n, width] int64)``; rows with
-    fewer columns are padded with ``(-inf, -1)``. One ``topk`` over an int64 key:
-    an order-preserving integer image of the float32 value in the high 32 bits
-    and the reversed column in the low bits, so equal values come out lowest
-    column first (``torch.topk`` alone leaves the order of ties unspecified).
-    """
-    n, S = s.shape
-    w = min(width, S)
-    bits = (s.float() + 0.0).contiguous().view(torch.int32)  # + 0.0: -0.0 -> +0.0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    rev_col = (S - 1) - torch.arange(S, device=s.device, dtype=torch.int64)
-    key = ordered.to(torch.int64) * (1 << 32) + rev_col[None, :]
-    top = torch.topk(key, w, dim=1).values
-    cols = (S - 1) - (top - (top >> 32) * (1 << 32))
-    vals = s.float().gather(1, cols)
-    if w < width:
-        vals = torch.cat([vals, vals.new_full((n, width - w), NEG_INF)], dim=1)
-        cols = torch.cat([cols, cols.new_full((n, width - w), -1)], dim=1)
-    return vals, cols
-
-
-def split_float64(x: torch.Tensor) -> torch.Tensor:
-    """float64 ``[n]`` -> float32 ``[n, 2]`` (hi, lo) with ``hi + lo == x`` to ~1e-15."""
-    hi = x.to(torch.float32)
-    lo = torch.where(torch.isfinite(hi), (x - hi.double()).to(torch.float32),
-                     torch.zeros_like(hi))
-    return torch.stack([hi, lo], dim=1)
-
-
-def join_float64(hi_lo: torch.Tensor) -> torch.Tensor:
-    return hi_lo[..., 0].double() + hi_lo[..., 1].double()
 
 
 def _nucleus_count(before: torch.Tensor, top_p: torch.Tensor,

@@ -1,0 +1,72 @@
+"""StepGraphs in a server's loop, on CPU (the capture stand-in replays like a graph: its
+outputs are overwritten by the next replay).
+
+* 120 steps of changing batch size (1..24 requests, 0..3 drafts each) and sampling mode
+  (greedy, temperature, top-k, Kimi's top-p, min-p) replay graphs captured at warm-up for
+  a fixed list of padded sizes; every step equals the step run eagerly on the unpadded
+  batch, and step N's tokens read after step N + 1 are unchanged (they are a copy).
+* Steps no captured graph fits run eagerly, counted per reason and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import vllm_kimi_ext.verify.graph_step as gs
+from testkit.verify_replay import replay_steps
+from vllm_kimi_ext.verify import GraphVerifyStep, StepGraphs, StepInputs, VerifyBatch
+from vllm_kimi_ext.verify.step_plan import plan_from_params
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+SIZES = (1, 2, 4, 8, 16, 24)
+
+
+def test_many_steps_replay_equal_to_eager_and_outputs_are_copies():
+    rep = replay_steps(120, max_reqs=24, capture_sizes=SIZES, seed=3)
+    assert rep.steps == rep.replayed == 120  # every step used a captured graph
+    assert rep.uncaptured == {}
+    assert rep.consumer_checks == 119
+    assert rep.escalated_rows > 0, "no row escalated: the escalation graphs were not replayed"
+
+
+def test_probabilistic_drafts_replay_equal_to_eager():
+    rep = replay_steps(30, max_reqs=8, capture_sizes=(2, 4, 8), seed=5, probabilistic=True)
+    assert rep.steps == rep.replayed == 30 and rep.uncaptured == {}
+
+
+def test_default_capture_sizes():
+    assert gs.default_capture_sizes(256)[:8] == (1, 2, 4, 8, 16, 24, 32, 40)
+    assert gs.default_capture_sizes(256)[-1] == 256
+    assert gs.default_capture_sizes(20) == (1, 2, 4, 8, 16, 20)
+
+
+def _one(graphs, params, V=600, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = len(params)
+    b = VerifyBatch.from_draft_tokens(torch.randint(0, V, (n, k), generator=g),
+                                      [p["temperature"] for p in params], list(range(n)),
+                                      top_k=[p.get("top_k", 0) for p in params])
+    z = torch.randn(b.num_rows, V, generator=g).to(torch.bfloat16)
+    plan = plan_from_params(params, tp_size=1, vocab_size=V, num_rows=b.num_rows,
+                            max_rows_per_req=k + 1, shard_width=V)
+    return graphs(z, StepInputs.from_layout(b.layout(), V), plan)
+
+
+def test_uncaptured_steps_are_counted_and_logged_once(caplog):
+    step = GraphVerifyStep(600, 1, 0, lambda t: t[None], backend="torch")
+    graphs = StepGraphs(step, max_reqs=4, rows_per_req=4, capture_sizes=(1, 2, 4))
+    with caplog.at_level(logging.WARNING, logger="vllm_kimi_ext.verify.graph_step"):
+        _one(graphs, [{"temperature": 0.0}])  # before warm-up
+        graphs.warm_up(torch.bfloat16, "cpu")
+        _one(graphs, [{"temperature": 0.0}] * 3)  # padded to 4: captured
+        for _ in range(2):
+            _one(graphs, [{"temperature": 1.0, "top_k": 300}])  # 300 candidates: not captured
+        _one(graphs, [{"temperature": 0.0}] * 5)  # above the largest size
+    assert graphs.uncaptured == {"not_warmed_up": 1, "plan_not_captured": 2,
+                                 "batch_above_captured": 1}
+    assert graphs.replayed == 1
+    logged = [r.getMessage() for r in caplog.records if "without a captured graph" in r.message]
+    assert len(logged) == 3 and any("plan_not_captured" in m for m in logged)
