@@ -31,7 +31,8 @@ from testkit.checkpoints import TinyKimiSpec, _init_tensor, _mlp
 
 #: Module the EAGLE draft-TP-1 vLLM patch (0008) adds; tests needing it skip without it.
 UNSHARDED_DRAFT_MODULE = "vllm.v1.worker.gpu.spec_decode.unsharded_draft"
-#: Speculative-config option the replicated-embedding vLLM patch adds.
+#: Case option (not a vLLM speculative-config key): replicate the draft's input embedding
+#: the way the plugin's ``VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING`` runtime patch does.
 REPLICATED_EMBEDDING_OPTION = "replicate_draft_embedding"
 
 
@@ -62,11 +63,13 @@ def has_unsharded_draft_patch() -> bool:
 
 
 def has_replicated_embedding_patch() -> bool:
+    """The replicated draft embedding is a runtime patch of the plugin: present
+    whenever vLLM is."""
     try:
-        from vllm.config import SpeculativeConfig
+        import vllm  # noqa: F401
     except ImportError:
         return False
-    return REPLICATED_EMBEDDING_OPTION in getattr(SpeculativeConfig, "__dataclass_fields__", {})
+    return True
 
 
 # --------------------------------------------------------------------------- #
@@ -293,11 +296,16 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
     target, _ = load_model(target_cfg)
     out: dict[str, Any] = {}
     for case in cases:
+        options = dict(case.options)
+        replicate = options.pop(REPLICATED_EMBEDDING_OPTION, False)
         spec_cfg = {"method": case.method, "model": case.path,
-                    "num_speculative_tokens": case.num_speculative_tokens,
-                    **dict(case.options)}
+                    "num_speculative_tokens": case.num_speculative_tokens, **options}
         cfg = make_vllm_config(target_dir, tensor_parallel_size=tp, speculative_config=spec_cfg)
         model, unwritten = _load_draft(case, cfg, target)
+        if replicate:
+            from vllm_kimi_ext.integration import draft_embedding
+
+            assert draft_embedding.replicate(model, tp)
         _zero_attention(model)
         hf = cfg.speculative_config.draft_model_config.hf_config
         ids = (torch.arange(case.rows) * 7 + 3) % hf.vocab_size

@@ -117,6 +117,11 @@ SHARDED_VERIFY_GRAPHS = Flag(
     "VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS", "bool", True,
     "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture each verification step shape in its own "
     "CUDA graph and replay it (off: run the same step eagerly)", "on")
+REPLICATE_DRAFT_EMBEDDING = Flag(
+    "VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING", "bool", False,
+    "keep a whole copy of a sharded EAGLE / EAGLE-3 / MTP draft's input embedding on every "
+    "rank: one all-reduce fewer per draft token for (1 - 1/TP) x vocab x hidden more "
+    "weights per rank (logged); other methods are refused", "off")
 SKIP_DRAFT_CHECK = Flag(
     "VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "bool", False,
     "skip the configuration-time draft checks (`vllm-kimi-ext doctor` runs the same checks "
@@ -127,7 +132,8 @@ PROJECT_ENV = Flag(
     "`.venv`")
 
 FLAGS: tuple[Flag, ...] = (ENABLE, ALLOW_MISMATCH, COUNT_COLLECTIVES, CHECK_DRAFT_AGREEMENT,
-                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, SKIP_DRAFT_CHECK, PROJECT_ENV)
+                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, REPLICATE_DRAFT_EMBEDDING,
+                           SKIP_DRAFT_CHECK, PROJECT_ENV)
 PREFIX = ENABLE.name
 
 

@@ -138,9 +138,9 @@ def serve_command(plan: Plan, requires=()) -> str:
         cfg.append(f'"attention_backend": "{draft_attention_backend(d)}"')
     if plan.placement == "tp1":
         cfg.append('"draft_tensor_parallel_size": 1')
-    if plan.placement == "tp8-repemb":
-        cfg.append('"replicate_draft_embedding": true')
     env = ""
+    if plan.placement == "tp8-repemb":
+        env += "VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING=1 "
     if plan.verifier == "sharded":
         env += "VLLM_KIMI_EXT_SHARDED_VERIFY=1 "
     if requires:
