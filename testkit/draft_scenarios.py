@@ -29,7 +29,7 @@ import torch
 
 from testkit.checkpoints import TinyKimiSpec, _init_tensor, _mlp
 
-#: Module the EAGLE draft-TP-1 vLLM patch (0008) adds; tests needing it skip without it.
+#: Module the EAGLE draft-TP-1 vLLM patch (0006) adds; tests needing it skip without it.
 UNSHARDED_DRAFT_MODULE = "vllm.v1.worker.gpu.spec_decode.unsharded_draft"
 #: Case option (not a vLLM speculative-config key): replicate the draft's input embedding
 #: the way the plugin's ``VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING`` runtime patch does.
@@ -58,8 +58,40 @@ def has_unsharded_tp_group_patch() -> bool:
 
 
 def has_unsharded_draft_patch() -> bool:
-    """Patch 0008: EAGLE/EAGLE-3/MTP drafts built un-sharded at draft TP 1."""
-    return has_vllm_symbol(UNSHARDED_DRAFT_MODULE, "bind_unsharded")
+    """Patch 0006: EAGLE/EAGLE-3/MTP drafts built un-sharded at draft TP 1."""
+    return has_vllm_symbol(UNSHARDED_DRAFT_MODULE, "draft_tp_context")
+
+
+def draft_tp_context(cfg):
+    """The tensor-parallel group the speculator runs ``cfg``'s draft in (it enters it
+    around ``propose``; these scenarios call the model directly, so they enter it too)."""
+    import contextlib
+
+    if not has_unsharded_draft_patch():
+        return contextlib.nullcontext()
+    from vllm.v1.worker.gpu.spec_decode import unsharded_draft
+
+    return unsharded_draft.draft_tp_context(unsharded_draft.draft_runs_unsharded(cfg))
+
+
+def _runs_unsharded(cfg) -> bool:
+    if not has_unsharded_draft_patch():
+        return False
+    from vllm.v1.worker.gpu.spec_decode.unsharded_draft import draft_runs_unsharded
+
+    return draft_runs_unsharded(cfg)
+
+
+def ensure_unsharded_tp_group() -> None:
+    """Create the size-1 groups as ``initialize_model_parallel`` does when
+    ``draft_tensor_parallel_size`` is 1 (collective: every rank calls it); the TP test
+    harness initializes without a speculative config."""
+    if not has_unsharded_tp_group_patch():
+        return
+    from vllm.distributed import parallel_state as ps
+
+    if ps._UNSHARDED_TP is None:
+        ps.initialize_unsharded_tp_group()
 
 
 def has_replicated_embedding_patch() -> bool:
@@ -295,6 +327,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
     target_cfg = make_vllm_config(target_dir, tensor_parallel_size=tp)
     target, _ = load_model(target_cfg)
     out: dict[str, Any] = {}
+    ensure_unsharded_tp_group()
     for case in cases:
         options = dict(case.options)
         replicate = options.pop(REPLICATED_EMBEDDING_OPTION, False)
@@ -310,7 +343,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
         hf = cfg.speculative_config.draft_model_config.hf_config
         ids = (torch.arange(case.rows) * 7 + 3) % hf.vocab_size
         positions = torch.arange(case.rows) + 5
-        with torch.no_grad():
+        with torch.no_grad(), draft_tp_context(cfg):
             kwargs = {}
             if case.method == "eagle3":
                 kwargs["hidden_states"] = model.combine_hidden_states(
@@ -331,7 +364,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
             "draft_vocab": getattr(hf, "draft_vocab_size", None) or hf.vocab_size,
             "embed_weight_sum": float(
                 model.model.embed_tokens.weight.float()[: hf.vocab_size].sum()),
-            "runs_unsharded": bool(getattr(model, "runs_unsharded", False)),
+            "runs_unsharded": _runs_unsharded(cfg),
         }
     return out
 

@@ -24,7 +24,7 @@ from vllm_kimi_ext import compat
 from vllm_kimi_ext.patchset import SLUG_RE, PatchSetError
 
 #: The patches a draft needs to run at ``draft_tensor_parallel_size: 1``: the EAGLE family...
-DRAFT_TP1 = ("unsharded-tp-group", "draft-tp-refusal", "eagle-draft-tp1")
+DRAFT_TP1 = ("eagle-draft-tp1",)
 #: ... and a dense ``draft_model`` draft (``kimi_tli`` included).
 DRAFT_MODEL_TP1 = (*DRAFT_TP1, "draft-model-tp1")
 #: Slugs of git patches withdrawn from the series -> the runtime patch that carries the

@@ -311,13 +311,13 @@ def _note_of(root: Path, num: str) -> Path:
 
 
 def test_depends_on_line_disagreeing_with_front_matter_is_found(mirror):
-    note = _note_of(mirror, "0009")
+    note = _note_of(mirror, "0007")
     text = note.read_text()
     line = re.search(r"^Depends on: .*$", text, re.M).group(0)
     note.write_text(text.replace(line, 'Depends on: the PR "[X] something"'))
     assert any("'Depends on:' names ['[X] something']" in f
                for f in check_series_notes(mirror))
-    note.write_text(text.replace(line, "Depends on: 0008 (internal number)"))
+    note.write_text(text.replace(line, "Depends on: 0006 (internal number)"))
     assert any("names a patch number" in f for f in check_series_notes(mirror))
 
 
@@ -344,12 +344,12 @@ def test_pr_opened_before_its_dependency_is_found(mirror):
     index = mirror / NOTES / "README.md"
     text = index.read_text()
     six = re.search(r"^(\d+)\. (0006 .*)$", text, re.M)
-    eight = re.search(r"^(\d+)\. (0008 .*)$", text, re.M)
-    text = text.replace(six.group(0), f"{six.group(1)}. {eight.group(2)}")
-    text = text.replace(eight.group(0), f"{eight.group(1)}. {six.group(2)}")
+    seven = re.search(r"^(\d+)\. (0007 .*)$", text, re.M)
+    text = text.replace(six.group(0), f"{six.group(1)}. {seven.group(2)}")
+    text = text.replace(seven.group(0), f"{seven.group(1)}. {six.group(2)}")
     index.write_text(text)
     found = check_series_notes(mirror)
-    assert "upstream-notes/README.md: 0008 is listed before 0006, which it depends on" in found
+    assert "upstream-notes/README.md: 0007 is listed before 0006, which it depends on" in found
 
 
 def test_note_without_the_pr_template_sections_is_found(mirror):

@@ -59,7 +59,7 @@ FEATURES: tuple[Feature, ...] = (
             (GROUP_COUNTING, "gpu_model_runner:GPUModelRunnerStepCounting",
              "rejection_sampler:RejectionSamplerVerifyPhase")),
     Feature("draft agreement check", envs.CHECK_DRAFT_AGREEMENT,
-            ("target_dependent_ar_speculator:TargetDependentARSpeculatorAgreementCheck",)),
+            ("draft_model_speculator:DraftModelSpeculatorAgreementCheck",)),
     Feature("replicated draft embedding", envs.REPLICATE_DRAFT_EMBEDDING,
             ("target_dependent_ar_speculator:TargetDependentARSpeculatorReplicatedEmbedding",
              "speculative_config:SpeculativeConfigReplicatedEmbeddingFactor")),

@@ -1,6 +1,6 @@
 """Runtime patch of
 ``vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator.TargetDependentARSpeculator``
-(the EAGLE / EAGLE-3 / MTP speculator, the ones that can run their draft un-sharded).
+(the EAGLE / EAGLE-3 / MTP speculator).
 """
 
 from __future__ import annotations
@@ -9,19 +9,8 @@ from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import (
     TargetDependentARSpeculator,
 )
 
-from vllm_kimi_ext.integration import draft_agreement, draft_embedding
+from vllm_kimi_ext.integration import draft_embedding
 from vllm_kimi_ext.patching import Patch
-
-
-class TargetDependentARSpeculatorAgreementCheck(Patch[TargetDependentARSpeculator]):
-    """Debug: after every ``propose`` of an un-sharded draft, all TP ranks must
-    hold the same draft tokens."""
-
-    def propose(self, *args, **kwargs):
-        tokens = TargetDependentARSpeculatorAgreementCheck.original("propose")(
-            self, *args, **kwargs)
-        draft_agreement.check_after_propose(self, tokens)
-        return tokens
 
 
 class TargetDependentARSpeculatorReplicatedEmbedding(Patch[TargetDependentARSpeculator]):
