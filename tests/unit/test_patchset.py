@@ -514,3 +514,33 @@ def test_default_author_is_git_config_or_a_clear_error(tmp_path, monkeypatch):
     subprocess.run(["git", "-C", str(repo), "config", "user.email", "ada@example.org"],
                    check=True)
     assert patchset.default_author(repo) == "Ada Lovelace <ada@example.org>"
+
+
+#: what a vLLM reviewer refuses in a patch: instance attributes swapped at run time and
+#: validated configs mutated behind pydantic's back
+FORBIDDEN_IN_SERIES = re.compile(r"(?<![\w.])setattr\(|object\.__setattr__\(")
+
+
+def forbidden_additions(patch_dir: Path) -> list[str]:
+    """``file: line`` for every line a patch adds that calls ``setattr`` or
+    ``object.__setattr__`` (tests included; pytest's ``monkeypatch.setattr`` is fine).
+    The series of the previous release fails it (``bind_unsharded``'s ``setattr`` and
+    the Kimi MTP model's ``object.__setattr__``)."""
+    out = []
+    for patch in sorted(patch_dir.glob("*.patch")):
+        for line in patch.read_text().splitlines():
+            if line.startswith("+") and not line.startswith("+++") \
+                    and FORBIDDEN_IN_SERIES.search(line):
+                out.append(f"{patch.name}: {line[1:].strip()}")
+    return out
+
+
+def test_series_adds_no_setattr_wrapping_or_config_setattr(tmp_path):
+    pdir = Path(__file__).resolve().parents[2] / "patches" / f"vllm-{patchset.VLLM_VERSION}"
+    assert forbidden_additions(pdir) == []
+    planted = tmp_path / "0001-x.patch"
+    planted.write_text("+++ b/x.py\n+        setattr(model, name, _unsharded(fn))\n"
+                       "+    object.__setattr__(cfg, 'model_config', d)\n ctx\n")
+    assert forbidden_additions(tmp_path) == [
+        "0001-x.patch: setattr(model, name, _unsharded(fn))",
+        "0001-x.patch: object.__setattr__(cfg, 'model_config', d)"]
