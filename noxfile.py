@@ -130,7 +130,7 @@ def apply_patches(session: nox.Session) -> None:
     parser.add_argument("--precompiled-wheel",
                         help="CUDA machines: local vllm-0.34.0 wheel providing the kernels")
     args = parser.parse_args(session.posargs)
-    if args.author and not args.export:
+    if args.author is not None and not args.export:
         session.error("--author only applies to --export (the command that writes patches)")
     t0 = time.time()
     try:
@@ -149,8 +149,7 @@ def apply_patches(session: nox.Session) -> None:
                         f"{patchset.BASELINE_TAG}")
             return
         if args.export:
-            author = (patchset.parse_author(args.author) if args.author
-                      else patchset.default_author(ROOT))
+            author = patchset.export_author(args.author, ROOT)
             names = patchset.export_series(tree, PATCH_DIR, SHIPPED_SERIES, author=author)
             session.log(f"--export: {len(names)} patch(es) in {PATCH_DIR}, "
                         f"record in {SHIPPED_SERIES}")

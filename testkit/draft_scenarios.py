@@ -29,9 +29,10 @@ import torch
 
 from testkit.checkpoints import TinyKimiSpec, _init_tensor, _mlp
 
-#: Module the EAGLE draft-TP-1 vLLM patch (0008) adds; tests needing it skip without it.
+#: Module the EAGLE draft-TP-1 vLLM patch (0006) adds; tests needing it skip without it.
 UNSHARDED_DRAFT_MODULE = "vllm.v1.worker.gpu.spec_decode.unsharded_draft"
-#: Speculative-config option the replicated-embedding vLLM patch adds.
+#: Case option (not a vLLM speculative-config key): replicate the draft's input embedding
+#: the way the plugin's ``VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING`` runtime patch does.
 REPLICATED_EMBEDDING_OPTION = "replicate_draft_embedding"
 
 
@@ -57,16 +58,50 @@ def has_unsharded_tp_group_patch() -> bool:
 
 
 def has_unsharded_draft_patch() -> bool:
-    """Patch 0008: EAGLE/EAGLE-3/MTP drafts built un-sharded at draft TP 1."""
-    return has_vllm_symbol(UNSHARDED_DRAFT_MODULE, "bind_unsharded")
+    """Patch 0006: EAGLE/EAGLE-3/MTP drafts built un-sharded at draft TP 1."""
+    return has_vllm_symbol(UNSHARDED_DRAFT_MODULE, "draft_tp_context")
+
+
+def draft_tp_context(cfg):
+    """The tensor-parallel group the speculator runs ``cfg``'s draft in (it enters it
+    around ``propose``; these scenarios call the model directly, so they enter it too)."""
+    import contextlib
+
+    if not has_unsharded_draft_patch():
+        return contextlib.nullcontext()
+    from vllm.v1.worker.gpu.spec_decode import unsharded_draft
+
+    return unsharded_draft.draft_tp_context(unsharded_draft.draft_runs_unsharded(cfg))
+
+
+def _runs_unsharded(cfg) -> bool:
+    if not has_unsharded_draft_patch():
+        return False
+    from vllm.v1.worker.gpu.spec_decode.unsharded_draft import draft_runs_unsharded
+
+    return draft_runs_unsharded(cfg)
+
+
+def ensure_unsharded_tp_group() -> None:
+    """Create the size-1 groups as ``initialize_model_parallel`` does when
+    ``draft_tensor_parallel_size`` is 1 (collective: every rank calls it); the TP test
+    harness initializes without a speculative config."""
+    if not has_unsharded_tp_group_patch():
+        return
+    from vllm.distributed import parallel_state as ps
+
+    if ps._UNSHARDED_TP is None:
+        ps.initialize_unsharded_tp_group()
 
 
 def has_replicated_embedding_patch() -> bool:
+    """The replicated draft embedding is a runtime patch of the plugin: present
+    whenever vLLM is."""
     try:
-        from vllm.config import SpeculativeConfig
+        import vllm  # noqa: F401
     except ImportError:
         return False
-    return REPLICATED_EMBEDDING_OPTION in getattr(SpeculativeConfig, "__dataclass_fields__", {})
+    return True
 
 
 # --------------------------------------------------------------------------- #
@@ -292,17 +327,23 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
     target_cfg = make_vllm_config(target_dir, tensor_parallel_size=tp)
     target, _ = load_model(target_cfg)
     out: dict[str, Any] = {}
+    ensure_unsharded_tp_group()
     for case in cases:
+        options = dict(case.options)
+        replicate = options.pop(REPLICATED_EMBEDDING_OPTION, False)
         spec_cfg = {"method": case.method, "model": case.path,
-                    "num_speculative_tokens": case.num_speculative_tokens,
-                    **dict(case.options)}
+                    "num_speculative_tokens": case.num_speculative_tokens, **options}
         cfg = make_vllm_config(target_dir, tensor_parallel_size=tp, speculative_config=spec_cfg)
         model, unwritten = _load_draft(case, cfg, target)
+        if replicate:
+            from vllm_kimi_ext.integration import draft_embedding
+
+            assert draft_embedding.replicate(model, tp)
         _zero_attention(model)
         hf = cfg.speculative_config.draft_model_config.hf_config
         ids = (torch.arange(case.rows) * 7 + 3) % hf.vocab_size
         positions = torch.arange(case.rows) + 5
-        with torch.no_grad():
+        with torch.no_grad(), draft_tp_context(cfg):
             kwargs = {}
             if case.method == "eagle3":
                 kwargs["hidden_states"] = model.combine_hidden_states(
@@ -323,7 +364,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
             "draft_vocab": getattr(hf, "draft_vocab_size", None) or hf.vocab_size,
             "embed_weight_sum": float(
                 model.model.embed_tokens.weight.float()[: hf.vocab_size].sum()),
-            "runs_unsharded": bool(getattr(model, "runs_unsharded", False)),
+            "runs_unsharded": _runs_unsharded(cfg),
         }
     return out
 

@@ -164,6 +164,10 @@ def build_tli_speculator(target_dir: str | Path, draft_dir: str | Path, *,
         "draft_sample_method": draft_sample_method, **spec_extra}
     cfg = make_vllm_config(target_dir, speculative_config=speculative_config,
                            tensor_parallel_size=get_tensor_model_parallel_world_size())
+    if spec_extra.get("draft_tensor_parallel_size") == 1:
+        from .draft_scenarios import ensure_unsharded_tp_group
+
+        ensure_unsharded_tp_group()  # as initialize_model_parallel does for this config
     return cfg, load_speculator(cfg, TLISpeculator)
 
 
@@ -248,6 +252,14 @@ def gumbel_check(target_dir: str, draft_dir: str, rows: int = 48, seed: int = 0)
     }
 
 
+def _draft_group(spec):
+    """The group the speculator drafts in (it enters it around ``propose``)."""
+    import contextlib
+
+    enter = getattr(spec, "draft_tp_context", None)
+    return enter() if enter is not None else contextlib.nullcontext()
+
+
 def _counted_tli_step(cfg, spec, rows: int):
     """One draft step of the speculator (``_run_model`` + ``compute_draft_logits``)
     over ``rows`` shared regular tokens, under the collective counter."""
@@ -261,7 +273,7 @@ def _counted_tli_step(cfg, spec, rows: int):
     ids = maps.shared_target_ids[maps.shared_target_ids < 1024][:rows]
     pos = torch.arange(rows) + 5
     with set_current_vllm_config(cfg), torch.no_grad():
-        with CollectiveCounter() as cc, cc.phase("draft"):
+        with CollectiveCounter() as cc, cc.phase("draft"), _draft_group(spec):
             proposal = spec.compute_draft_logits(
                 spec._run_model(ids.to(torch.int32), pos, None, None, None), 0)
     return ids, pos, proposal, cc.summary()
@@ -413,6 +425,6 @@ def tli_placement_collectives(rank: int, target_dir: str, draft_dir: str,
             "tokens": proposal.float().argmax(-1).tolist(),
             "o_proj": tuple(dict(spec.model.named_parameters())[
                 "model.layers.0.self_attn.o_proj.weight"].shape),
-            "runs_unsharded": bool(getattr(spec.model, "runs_unsharded", False)),
+            "runs_unsharded": bool(getattr(spec, "draft_runs_unsharded", False)),
         }
     return out

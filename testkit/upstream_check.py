@@ -279,23 +279,34 @@ def patch_tests(tree: Path) -> list[PatchTests]:
     return out
 
 
-def _outcomes(junit: Path) -> dict[str, str]:
-    """``file::test`` -> passed / failed / skipped, from a pytest junit-xml report
-    (parametrized cases folded into their function: failed if any case failed)."""
-    out: dict[str, str] = {}
+def _results(junit: Path) -> dict[str, tuple[str, str]]:
+    """``file::test`` -> (passed / failed / skipped, the first line of the failure, error
+    or skip message), from a pytest junit-xml report (parametrized cases folded into their
+    function: the worst case wins, failed over skipped over passed)."""
+    out: dict[str, tuple[str, str]] = {}
     rank = {"passed": 0, "skipped": 1, "failed": 2}
     for case in ET.parse(junit).getroot().iter("testcase"):
         path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
         name = case.get("name", "").split("[", 1)[0]
-        outcome = "passed"
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome = "failed"
-        elif case.find("skipped") is not None:
-            outcome = "skipped"
+        outcome, detail = "passed", None
+        for tag, kind in (("failure", "failed"), ("error", "failed"), ("skipped", "skipped")):
+            detail = case.find(tag)
+            if detail is not None:
+                outcome = kind
+                break
+        message = ""
+        if detail is not None:
+            lines = (detail.get("message") or detail.text or "").strip().splitlines()
+            message = lines[0][:200] if lines else ""
         key = f"{path}::{name}"
-        if key not in out or rank[outcome] > rank[out[key]]:
-            out[key] = outcome
+        if key not in out or rank[outcome] > rank[out[key][0]]:
+            out[key] = (outcome, message)
     return out
+
+
+def _outcomes(junit: Path) -> dict[str, str]:
+    """``file::test`` -> passed / failed / skipped (see :func:`_results`)."""
+    return {k: v[0] for k, v in _results(junit).items()}
 
 
 def _pytest(tree: Path, nodes: list[str], junit: Path, extra_path: str) -> int:
@@ -308,12 +319,34 @@ def _pytest(tree: Path, nodes: list[str], junit: Path, extra_path: str) -> int:
     return subprocess.run(cmd, cwd=tree, env=env).returncode
 
 
-def _node_outcomes(pt: PatchTests, outcomes: dict[str, str]) -> list[str]:
-    found = []
+def _node_results(pt: PatchTests, results: dict[str, tuple[str, str]]
+                  ) -> dict[str, tuple[str, str]]:
+    """The results of the test functions ``pt`` adds (a whole file: every function in it)."""
+    found = {}
     for node in pt.nodes:
         prefix = node if "::" in node else node + "::"
-        found += [v for k, v in outcomes.items() if k == node or k.startswith(prefix)]
+        found.update({k: v for k, v in results.items() if k == node or k.startswith(prefix)})
     return found
+
+
+def patch_verdict(patched: dict[str, tuple[str, str]], stock: dict[str, tuple[str, str]]
+                  ) -> list[str]:
+    """Why a patch's vLLM-tree tests do not show it (empty: they do). On the patched tree
+    every test function must have run and passed; on stock v0.34.0 (same test files) at
+    least one must fail, and none may be skipped: a skip there means the test could not
+    run on stock, which is not "fails on stock" and hides what the patch fixes."""
+    why = []
+    if not patched:
+        why.append("no test of this patch ran on the patched tree")
+    why += [f"{k}: {o} on the patched tree" + (f" ({m})" if m else "")
+            for k, (o, m) in sorted(patched.items()) if o != "passed"]
+    missing = sorted(set(patched) - set(stock))
+    why += [f"{k}: did not run on stock v0.34.0" for k in missing]
+    why += [f"{k}: skipped on stock v0.34.0" + (f" ({m})" if m else "")
+            for k, (o, m) in sorted(stock.items()) if o == "skipped"]
+    if not any(o == "failed" for o, _ in stock.values()):
+        why.append("no test fails on stock v0.34.0")
+    return why
 
 
 def run_tests(tree: Path, report: Path) -> int:
@@ -325,36 +358,46 @@ def run_tests(tree: Path, report: Path) -> int:
     stock = scratch / "stock"
     try:
         _pytest(tree, nodes, scratch / "patched.xml", os.environ.get("PYTHONPATH", ""))
-        patched = _outcomes(scratch / "patched.xml")
+        patched = _results(scratch / "patched.xml")
         _git(tree, "worktree", "add", "-q", "--detach", str(stock), BASELINE_TAG)
         for pt in patches:
             for rel in pt.files + pt.support:
                 (stock / rel).parent.mkdir(parents=True, exist_ok=True)
                 (stock / rel).write_bytes(_git_bytes(tree, f"{FORK_BRANCH}:{rel}"))
         _pytest(stock, nodes, scratch / "stock.xml", os.environ.get("PYTHONPATH", ""))
-        on_stock = _outcomes(scratch / "stock.xml")
+        on_stock = _results(scratch / "stock.xml")
     finally:
         subprocess.run(["git", "-C", str(tree), "worktree", "remove", "--force", str(stock)],
                        capture_output=True)
         subprocess.run(["git", "-C", str(tree), "worktree", "prune"], capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    rows, bad = [], 0
+    rows = []
     for pt in patches:
-        p, s = _node_outcomes(pt, patched), _node_outcomes(pt, on_stock)
-        ok_patched = bool(p) and all(o == "passed" for o in p)
-        fails_stock = "failed" in s
-        bad += not (ok_patched and fails_stock)
+        on_p, on_s = _node_results(pt, patched), _node_results(pt, on_stock)
+        why = patch_verdict(on_p, on_s)
         rows.append({"patch": pt.number, "subject": pt.subject, "tests": pt.nodes,
-                     "patched": {o: p.count(o) for o in sorted(set(p))},
-                     "stock": {o: s.count(o) for o in sorted(set(s))},
-                     "ok": ok_patched and fails_stock})
+                     "patched": {k: o for k, (o, _) in sorted(on_p.items())},
+                     "stock": {k: {"outcome": o, "message": m}
+                               for k, (o, m) in sorted(on_s.items())},
+                     "findings": why, "ok": not why})
     report.write_text(json.dumps(rows, indent=2) + "\n")
+    return print_tests(rows)
+
+
+def print_tests(rows: list[dict]) -> int:
+    """Per patch: the verdict, then each test function's outcome on stock v0.34.0 with its
+    failure message (why it fails there), then the findings. 1 if any patch has one."""
     print("\nper patch: vLLM-tree tests on the patched tree / on stock v0.34.0")
     for r in rows:
         verdict = "ok" if r["ok"] else "FINDING"
-        print(f"  {r['patch']} {verdict:7s} patched {r['patched']}  stock {r['stock']}  "
-              f"{', '.join(r['tests'])}")
-    return 1 if bad else 0
+        counts = {o: list(r["patched"].values()).count(o) for o in set(r["patched"].values())}
+        print(f"  {r['patch']} {verdict:7s} {r['subject']}  (patched: {counts})")
+        for test, res in r["stock"].items():
+            message = f": {res['message']}" if res["message"] else ""
+            print(f"      stock {res['outcome']:7s} {test}{message}")
+        for why in r["findings"]:
+            print(f"      FINDING {why}")
+    return 1 if any(not r["ok"] for r in rows) else 0
 
 
 def _git_bytes(tree: Path, spec: str) -> bytes:

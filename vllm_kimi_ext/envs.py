@@ -118,6 +118,11 @@ SHARDED_VERIFY_GRAPHS = Flag(
     "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture the verification step's CUDA graphs at "
     "warm-up for a fixed list of padded request counts and replay them (steps no graph "
     "fits run eagerly, counted; off: run every step eagerly)", "on")
+REPLICATE_DRAFT_EMBEDDING = Flag(
+    "VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING", "bool", False,
+    "keep a whole copy of a sharded EAGLE / EAGLE-3 / MTP draft's input embedding on every "
+    "rank: one all-reduce fewer per draft token for (1 - 1/TP) x vocab x hidden more "
+    "weights per rank (logged); other methods are refused", "off")
 SKIP_DRAFT_CHECK = Flag(
     "VLLM_KIMI_EXT_SKIP_DRAFT_CHECK", "bool", False,
     "skip the configuration-time draft checks (`vllm-kimi-ext doctor` runs the same checks "
@@ -128,7 +133,8 @@ PROJECT_ENV = Flag(
     "`.venv`")
 
 FLAGS: tuple[Flag, ...] = (ENABLE, ALLOW_MISMATCH, COUNT_COLLECTIVES, CHECK_DRAFT_AGREEMENT,
-                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, SKIP_DRAFT_CHECK, PROJECT_ENV)
+                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, REPLICATE_DRAFT_EMBEDDING,
+                           SKIP_DRAFT_CHECK, PROJECT_ENV)
 PREFIX = ENABLE.name
 
 

@@ -127,9 +127,19 @@ def assign_slugs(names: list[str], previous: list[dict]) -> list[str]:
     """The slug of each patch of a freshly exported series, carried over from ``previous``
     (the ``series`` entries of the last export): the slug of the entry with the same subject,
     else of the entry with the same number if that entry's subject left the series (a patch
-    reworded in place), else one derived from the subject (:func:`derive_slug`)."""
+    reworded in place), else one derived from the subject (:func:`derive_slug`, suffixed
+    ``-2``, ``-3``... when taken). A slug ``previous`` gives to two patches is an error: a
+    reference to it could mean either."""
     old = [e for e in previous if isinstance(e, dict) and isinstance(e.get("name"), str)
            and isinstance(e.get("slug"), str) and SLUG_RE.fullmatch(e["slug"])]
+    owners: dict[str, str] = {}
+    for e in old:
+        if e["slug"] in owners:  # e.g. a hand edit: which patch do references mean?
+            raise PatchSetError(
+                f"vllm_kimi_ext/series.json: slug {e['slug']!r} names two patches, "
+                f"{owners[e['slug']]} and {e['name']}; give one of them another slug, "
+                "then export again")
+        owners[e["slug"]] = e["name"]
     by_subject = {_subject(e["name"]): e["slug"] for e in old}
     subjects = {_subject(n) for n in names}
     by_number = {e["name"][:4]: e["slug"] for e in old if _subject(e["name"]) not in subjects}
@@ -523,6 +533,16 @@ def default_author(tree: Path | None = None) -> str:
         raise PatchSetError("no patch author: pass --author 'Name <email>' or set git config "
                             "user.name and user.email")
     return parse_author(f"{values[0]} <{values[1]}>")
+
+
+def export_author(given: str | None, tree: Path | None = None) -> str:
+    """The identity ``--export`` signs with: ``given`` (``--author``; an empty one is an
+    error, not "not given") or, when ``--author`` was not passed (None), git config's."""
+    return parse_author(given) if given is not None else default_author(tree)
+
+
+#: The identity the fixed baseline commit uses (:data:`_GIT_ENV`); never a patch author.
+PLACEHOLDER_EMAIL = _GIT_ENV["GIT_AUTHOR_EMAIL"]
 
 
 def _set_author(patch: bytes, author: str) -> bytes:

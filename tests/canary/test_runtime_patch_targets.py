@@ -25,6 +25,8 @@ def test_patch_target_attributes_exist_upstream(declared):
         assert name not in cls._new_attributes, f"{declared.ref} adds {name}: say why in its note"
         upstream = getattr(cls._target, name, None)
         assert callable(upstream), f"vLLM's {declared.target}.{name} is gone"
+        if isinstance(replacement, classmethod):  # compare as bound, like ``upstream``
+            replacement = replacement.__get__(None, cls._target)
         mine = list(inspect.signature(replacement).parameters)
         if any(inspect.signature(replacement).parameters[p].kind in (
                 inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for p in mine):

@@ -31,8 +31,8 @@ def eagle3_heads(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def draft_tp_results(tiny_kimi_dir, eagle3_heads):
-    """One TP=2 run shared by the draft-TP patch tests (0006, 0008, 0009):
-    sharded, draft-TP-1 (``*-tp1``) and replicated-embedding (``*-repl``)
+    """One TP=2 run shared by the draft-TP patch tests (0006) and the replicated-embedding
+    runtime patch (R08): sharded, draft-TP-1 (``*-tp1``) and replicated-embedding (``*-repl``)
     EAGLE-3 drafts under vLLM's real ``load_eagle_model``, the agreement check
     (``_agreement``) and the size-1 group check (``_tp_group``). Cases the
     running vLLM lacks the patch for are left out."""

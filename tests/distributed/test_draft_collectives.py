@@ -12,7 +12,7 @@ under the CollectiveCounter (phase "draft"), at TP=2 and TP=4:
 Stock behaviour of ``draft_tensor_parallel_size: 1`` is checked too: without
 the draft-TP patch vLLM accepts the value and still shards the draft (the
 silent-ignore bug); with the patch the draft is whole and makes no collective
-(details in test_patch_0008_eagle_draft_tp1.py).
+(details in test_patch_0006_eagle_draft_tp1.py).
 """
 
 from __future__ import annotations

@@ -252,8 +252,9 @@ def test_cli_exit_codes_and_json(target_dir, tmp_path, capsys):
 
 def test_separate_mtp_dir_with_text_only_config_on_kimi_target_is_accepted(tmp_path):
     """A DeepSeek-typed MTP directory on a Kimi-K2.5 target: stock vLLM would crash
-    mid-load (its DeepSeekMTPModel reads the target's nested config); with patch
-    0012 it loads as KimiK25MTPModel (tests/vllm/test_patch_0012_*), so no finding."""
+    mid-load (its DeepSeekMTPModel reads the target's nested config); with the
+    plugin it loads as KimiK25MTPModel (runtime patch R11,
+    tests/vllm/test_runtime_kimi_mtp_deepseek_dir.py), so no finding."""
     from testkit.checkpoints import write_tiny_deepseek_v3
 
     spec = dataclasses.replace(TARGET, num_hidden_layers=2)
@@ -261,7 +262,7 @@ def test_separate_mtp_dir_with_text_only_config_on_kimi_target_is_accepted(tmp_p
     write_tiny_kimi_k25(target, spec)
     mtp_dir = tmp_path / "mtp-deepseek"
     write_tiny_deepseek_v3(mtp_dir, spec, with_mtp=True)
-    # a DeepSeek-typed MTP directory on a kimi_k25 target loads (patch 0012)
+    # a DeepSeek-typed MTP directory on a kimi_k25 target loads (runtime patch R11)
     assert diagnose(target, mtp_dir, method="mtp").findings == []
     kimi_mtp = tmp_path / "mtp-kimi"
     write_tiny_kimi_k25(kimi_mtp, spec, with_mtp=True)

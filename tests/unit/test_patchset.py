@@ -320,9 +320,20 @@ def test_export_keeps_slugs_by_subject_and_derives_new_ones(fake_vllm, tmp_path)
 
 
 def test_slugs_stay_unique():
-    prev = [{"name": "0001-A.patch", "slug": "same"}, {"name": "0002-B.patch", "slug": "same"}]
-    assert patchset.assign_slugs(["0001-A.patch", "0002-B.patch"], prev) == ["same", "same-2"]
+    # a new patch whose derived slug is taken gets a suffix; carried slugs never change
+    prev = [{"name": "0001-A.patch", "slug": "b"}]
+    assert patchset.assign_slugs(["0001-A.patch", "0002-B.patch"], prev) == ["b", "b-2"]
     assert patchset.assign_slugs(["0001-A.patch"], [{"name": 3}, "junk"]) == ["a"]
+
+
+def test_a_slug_naming_two_patches_is_refused():
+    """A hand-edited record giving two patches one slug was silently renamed to
+    ``same``/``same-2``, moving every ``{patch:same}`` reference meant for the second
+    patch onto the first; export now refuses it."""
+    prev = [{"name": "0001-A.patch", "slug": "same"}, {"name": "0002-B.patch", "slug": "same"}]
+    with pytest.raises(PatchSetError, match=r"^vllm_kimi_ext/series.json: slug 'same' names "
+                                            r"two patches, 0001-A.patch and 0002-B.patch; "):
+        patchset.assign_slugs(["0001-A.patch", "0002-B.patch"], prev)
 
 
 def _series_v1_v2(repo: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -460,6 +471,28 @@ def test_export_author_signs_every_patch_and_still_applies(fake_vllm, tmp_path):
     assert "Signed-off-by: Ada Lovelace <ada@example.org>" in log
 
 
+def test_an_empty_author_is_refused_not_taken_for_none(tmp_path, monkeypatch):
+    """``--author ''`` used to fall back silently to git config (``if args.author``)."""
+    with pytest.raises(PatchSetError, match=r"^--author '': expected 'Name <email>'$"):
+        patchset.export_author("", tmp_path)
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for key, value in (("user.name", "Ada Lovelace"), ("user.email", "ada@example.org")):
+        subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
+    assert patchset.export_author(None, repo) == "Ada Lovelace <ada@example.org>"
+    assert patchset.export_author("Bo <bo@example.org>", repo) == "Bo <bo@example.org>"
+
+
+def test_shipped_patches_carry_no_placeholder_identity():
+    pdir = Path(__file__).resolve().parents[2] / "patches" / f"vllm-{patchset.VLLM_VERSION}"
+    for patch in sorted(pdir.glob("*.patch")):
+        message = patch.read_text().split("\n---\n", 1)[0]
+        assert patchset.PLACEHOLDER_EMAIL not in message, patch.name
+        authors = re.findall(r"^(?:From|Signed-off-by): (.*)$", message, re.M)
+        assert len(authors) == 2 and len(set(authors)) == 1, (patch.name, authors)
+        patchset.parse_author(authors[0])
+
+
 @pytest.mark.parametrize("bad", ["Ada", "<ada@example.org>", "Ada <ada>", "Ada <a@b> x",
                                  "Ada <<a@b>>", ""])
 def test_bad_author_is_a_one_line_error(bad):
@@ -481,3 +514,33 @@ def test_default_author_is_git_config_or_a_clear_error(tmp_path, monkeypatch):
     subprocess.run(["git", "-C", str(repo), "config", "user.email", "ada@example.org"],
                    check=True)
     assert patchset.default_author(repo) == "Ada Lovelace <ada@example.org>"
+
+
+#: what a vLLM reviewer refuses in a patch: instance attributes swapped at run time and
+#: validated configs mutated behind pydantic's back
+FORBIDDEN_IN_SERIES = re.compile(r"(?<![\w.])setattr\(|object\.__setattr__\(")
+
+
+def forbidden_additions(patch_dir: Path) -> list[str]:
+    """``file: line`` for every line a patch adds that calls ``setattr`` or
+    ``object.__setattr__`` (tests included; pytest's ``monkeypatch.setattr`` is fine).
+    The series of the previous release fails it (``bind_unsharded``'s ``setattr`` and
+    the Kimi MTP model's ``object.__setattr__``)."""
+    out = []
+    for patch in sorted(patch_dir.glob("*.patch")):
+        for line in patch.read_text().splitlines():
+            if line.startswith("+") and not line.startswith("+++") \
+                    and FORBIDDEN_IN_SERIES.search(line):
+                out.append(f"{patch.name}: {line[1:].strip()}")
+    return out
+
+
+def test_series_adds_no_setattr_wrapping_or_config_setattr(tmp_path):
+    pdir = Path(__file__).resolve().parents[2] / "patches" / f"vllm-{patchset.VLLM_VERSION}"
+    assert forbidden_additions(pdir) == []
+    planted = tmp_path / "0001-x.patch"
+    planted.write_text("+++ b/x.py\n+        setattr(model, name, _unsharded(fn))\n"
+                       "+    object.__setattr__(cfg, 'model_config', d)\n ctx\n")
+    assert forbidden_additions(tmp_path) == [
+        "0001-x.patch: setattr(model, name, _unsharded(fn))",
+        "0001-x.patch: object.__setattr__(cfg, 'model_config', d)"]

@@ -94,12 +94,13 @@ def test_runtime_package_imports_no_vllm_until_a_patch_is_needed():
 
 
 def test_selection_follows_the_flags():
-    base = ["vllm_config:VllmConfigDraftCheck"]
+    base = ["vllm_config:VllmConfigDraftCheck", "speculative_config:SpeculativeConfigKimiK25MTP",
+            "mtp_speculator_config:MTPSpeculatorConfigKimiK25MTP"]
     assert runtime.selected({}) == base
     assert runtime.selected({"VLLM_KIMI_EXT_SHARDED_VERIFY": "1"}) == base + [
         "sampler:SamplerRememberParams", "gpu_model_runner:GPUModelRunnerShardedVerify"]
     counting = runtime.selected({"VLLM_KIMI_EXT_COUNT_COLLECTIVES": "10"})
-    assert counting[0] == base[0] and runtime.GROUP_COUNTING in counting and len(counting) == 4
+    assert counting[:3] == base and runtime.GROUP_COUNTING in counting and len(counting) == 6
     assert runtime.selected({"VLLM_KIMI_EXT_COUNT_COLLECTIVES": "0"}) == base
 
 

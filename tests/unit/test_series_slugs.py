@@ -118,9 +118,8 @@ def test_every_patch_has_a_unique_slug_and_numbers_follow_the_series():
     nums = patch_ids.numbers()
     assert list(nums) == [e["slug"] for e in series]
     assert list(nums.values()) == [e["name"][:4] for e in series]
-    assert patch_ids.ref("replicate-draft-embedding") == "patch " + nums[
-        "replicate-draft-embedding"]
     first, second = list(nums)[:2]
+    assert patch_ids.ref(first) == "patch " + nums[first]
     assert patch_ids.ref(second, first) == f"patches {nums[first]}/{nums[second]}"
     assert patch_ids.render("x {patch:%s} y" % first) == f"x patch {nums[first]} y"
     with pytest.raises(PatchSetError, match="unknown patch slug 'no-such-patch'"):
@@ -150,7 +149,35 @@ def _named_slugs() -> set[str]:
 def test_every_named_slug_is_in_the_series():
     named = _named_slugs()
     assert {"replicate-draft-embedding", "kimi-k25-mtp", "draft-model-arch"} <= named
-    assert named - set(patch_ids.numbers()) == set()
+    assert named - set(patch_ids.numbers()) - set(patch_ids.WITHDRAWN) == set()
+
+
+def test_withdrawn_patches_render_as_their_runtime_patch():
+    """A git patch withdrawn into runtime patches keeps its slug; it renders as the
+    runtime patch's note id, which exists, and is no longer in the series."""
+    for slug, rid in patch_ids.WITHDRAWN.items():
+        assert slug not in patch_ids.numbers()
+        assert patch_ids.ref(slug) == f"runtime patch {rid}"
+        assert list((REPO / "upstream-notes").glob(f"{rid}-*.md")), rid
+    first = next(iter(patch_ids.numbers()))
+    assert patch_ids.ref("replicate-draft-embedding", first) == \
+        f"patch {patch_ids.number(first)} and runtime patch R08"
+
+
+@pytest.mark.parametrize("fault", ["repeated", "withdrawn", "missing"])
+def test_a_duplicate_or_bad_slug_in_the_record_is_refused(fault):
+    series = json.loads((PACKAGE / "series.json").read_text())["series"]
+    assert patch_ids.slug_numbers(series) == patch_ids.numbers()
+    bad = [dict(e) for e in series]
+    if fault == "repeated":
+        bad[1]["slug"] = bad[0]["slug"]
+    elif fault == "withdrawn":
+        bad[1]["slug"] = "replicate-draft-embedding"
+    else:
+        del bad[1]["slug"]
+    with pytest.raises(PatchSetError, match=rf"^vllm_kimi_ext/series.json: patch "
+                                            rf"{re.escape(bad[1]['name'])}: field 'slug': "):
+        patch_ids.slug_numbers(bad)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -94,6 +94,55 @@ def test_junit_outcomes_fold_parametrized_cases(tmp_path):
                                    "tests/t.py::test_c": "passed"}
 
 
+def test_junit_results_keep_the_first_line_of_each_message(tmp_path):
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase file="tests/t.py" name="test_a"><failure message="AssertionError: x&#10;'
+        'more"/></testcase>'
+        '<testcase file="tests/t.py" name="test_b"><skipped message="needs CUDA"/></testcase>'
+        '<testcase file="tests/t.py" name="test_c"><error>ImportError: y</error></testcase>'
+        '</testsuite></testsuites>')
+    assert uc._results(junit) == {"tests/t.py::test_a": ("failed", "AssertionError: x"),
+                                  "tests/t.py::test_b": ("skipped", "needs CUDA"),
+                                  "tests/t.py::test_c": ("failed", "ImportError: y")}
+
+
+P, F, S = ("passed", ""), ("failed", "AssertionError: stock"), ("skipped", "lacks X")
+
+
+@pytest.mark.parametrize(("patched", "stock", "findings"), [
+    ({"a": P, "b": P}, {"a": F, "b": P}, []),  # the fix fails on stock, a pin passes on both
+    ({"a": P}, {"a": F}, []),
+    # a skip on stock is not a failure there, even next to one that fails
+    ({"a": P}, {"a": S}, ["a: skipped on stock v0.34.0 (lacks X)",
+                          "no test fails on stock v0.34.0"]),
+    ({"a": P, "b": P}, {"a": F, "b": S}, ["b: skipped on stock v0.34.0 (lacks X)"]),
+    ({"a": P}, {"a": P}, ["no test fails on stock v0.34.0"]),
+    ({"a": P, "b": P}, {"a": F}, ["b: did not run on stock v0.34.0"]),
+    ({"a": P, "b": S}, {"a": F, "b": F}, ["b: skipped on the patched tree (lacks X)"]),
+    ({"a": F}, {"a": F}, ["a: failed on the patched tree (AssertionError: stock)"]),
+    ({}, {}, ["no test of this patch ran on the patched tree",
+              "no test fails on stock v0.34.0"]),
+])
+def test_pass_fail_rule(patched, stock, findings):
+    assert uc.patch_verdict(patched, stock) == findings
+
+
+def test_one_patch_with_a_finding_fails_the_check_and_shows_stock_messages(capsys):
+    rows = [{"patch": "0001", "subject": "[A] a", "tests": ["t.py"], "patched": {"t::a": "passed"},
+             "stock": {"t::a": {"outcome": "failed", "message": "ValueError: refused"}},
+             "findings": [], "ok": True},
+            {"patch": "0002", "subject": "[B] b", "tests": ["u.py"], "patched": {"u::b": "passed"},
+             "stock": {"u::b": {"outcome": "skipped", "message": "lacks X"}},
+             "findings": ["u::b: skipped on stock v0.34.0"], "ok": False}]
+    assert uc.print_tests(rows) == 1
+    out = capsys.readouterr().out
+    assert "stock failed  t::a: ValueError: refused" in out
+    assert "0002 FINDING [B] b" in out and "FINDING u::b: skipped on stock v0.34.0" in out
+    assert uc.print_tests(rows[:1]) == 0
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     ([], "usage: upstream_check"),
     (["lint", "x"], "usage: upstream_check"),

@@ -6,8 +6,12 @@ For each patch ``patches/vllm-0.34.0/NNNN-<stem>.patch`` in ``series``:
   its vLLM pull request in vLLM's template (``.github/PULL_REQUEST_TEMPLATE.md``: Overview,
   Claims, Validation, Details, the checklist), with front matter (``id`` = NNNN, ``patch``
   = the patch path, ``targets``, ``upstream_status``, ``remove_when``, ``depends_on``:
-  ``none`` or earlier patch numbers), a ``Depends on:`` line naming the same patches, and
-  numbers in its Validation;
+  ``none`` or earlier patch numbers), a ``Depends on:`` line naming the same patches by
+  their PR titles (no patch numbers: upstream has none), and numbers in its Validation;
+* the PR body (everything above the :data:`RECORD_MARK` line) holds no project-internal
+  material (this project's commands, package, flags, test files or plugin) and has the
+  template's AI-assistance box ticked; this project's record of the patch (its own tests,
+  why it is not a plugin) follows the mark;
 * at least one ``tests/<tier>/test_patch_NNNN_*.py`` exists, and the note's Validation
   names every such file;
 * ``upstream-notes/README.md`` has its row, linking the note and those test files, and
@@ -38,6 +42,14 @@ FRONT = ("id", "patch", "targets", "upstream_status", "remove_when", "depends_on
 ORDER_HEADING = "## Order to open"
 NUMBERED = re.compile(r"^(\d{4})-")
 NOTE_LINK = re.compile(r"upstream-notes/([^)\s#`]+\.md)")
+#: the line that ends the PR body of a note; this project's record of the patch follows
+RECORD_MARK = ("<!-- Everything below this line is this project's record of the patch; "
+               "it is not part of the PR description. -->")
+#: project-internal material a vLLM reviewer cannot use, case-insensitive
+INTERNAL = re.compile(r"nox -s|this project|vllm[_-]kimi[_-]ext|VLLM_KIMI_EXT|\bplugin|"
+                      r"test_patch_|upstream-check|tests/(unit|vllm|canary)/|test_draft_collectives",
+                      re.I)
+AI_BOX = "- [x] AI assistance was used during the creation of this PR"
 
 
 def _front_matter(text: str) -> dict[str, str] | None:
@@ -72,15 +84,23 @@ def _note_findings(root: Path, name: str) -> list[str]:
         out.append(f"{note}: id {front.get('id')!r}, expected {num!r}")
     if front.get("patch") != f"{PATCHES}/{name}":
         out.append(f"{note}: patch {front.get('patch')!r}, expected '{PATCHES}/{name}'")
-    out += [f"{note}: lacks {s!r}" for s in SECTIONS if s not in text]
-    validation = _section(text, "Validation")
-    if not re.search(r"\d", validation):
+    body, mark, record = text.partition(RECORD_MARK)
+    out += [f"{note}: lacks {s!r}" for s in SECTIONS if s not in body]
+    if not mark:
+        out.append(f"{note}: no line {RECORD_MARK!r} ending the PR body")
+    for line in body.splitlines():
+        if INTERNAL.search(line):
+            out.append(f"{note}: PR body holds project-internal material: {line.strip()!r}")
+    if AI_BOX not in body:
+        out.append(f"{note}: PR body lacks the ticked AI-assistance box {AI_BOX!r}")
+    if not re.search(r"\d", _section(body, "Validation")):
         out.append(f"{note}: Validation carries no numbers")
-    out += _depends_findings(note, num, front.get("depends_on", ""), text)
+    out += _depends_findings(root, note, num, front.get("depends_on", ""), text)
     tests = patch_test_files(root, num)
     if not tests:
         out.append(f"{name}: no test file tests/<tier>/test_patch_{num}_*.py")
-    out += [f"{note}: Validation does not name {t}" for t in tests if str(t) not in validation]
+    out += [f"{note}: its project record does not name {t}" for t in tests
+            if str(t) not in record]
     index = (root / NOTES / "README.md").read_text()
     row = re.search(rf"^\| {num} \|.*\]\({re.escape(note.name)}\).*$", index, re.M)
     if not row:
@@ -95,16 +115,25 @@ def _depends(field: str) -> list[str]:
     return [] if field.strip() == "none" else [d.strip() for d in field.split(",")]
 
 
-def _depends_findings(note: Path, num: str, field: str, text: str) -> list[str]:
+def _pr_title(root: Path, num: str) -> str | None:
+    notes = list((root / NOTES).glob(f"{num}-*.md"))
+    m = re.search(r"^# (.+)$", notes[0].read_text(), re.M) if len(notes) == 1 else None
+    return m.group(1).strip() if m else None
+
+
+def _depends_findings(root: Path, note: Path, num: str, field: str, text: str) -> list[str]:
     deps = _depends(field)
     out = [f"{note}: depends_on {d!r} is not an earlier patch number" for d in deps
            if not (re.fullmatch(r"\d{4}", d) and d < num)]
     line = re.search(r"^Depends on: (.*)$", text, re.M)
     if not line:
         return [*out, f"{note}: no 'Depends on:' line"]
-    named = re.findall(r"\b(\d{4})\b", line.group(1))
-    if named != deps:
-        out.append(f"{note}: 'Depends on:' names {named}, front matter {deps}")
+    if re.search(r"\b\d{4}\b", line.group(1)):
+        out.append(f"{note}: 'Depends on:' names a patch number; name the PR by its title")
+    named = re.findall(r'the PR "([^"]+)"', line.group(1))
+    titles = [_pr_title(root, d) for d in deps]
+    if named != titles or (not deps and not line.group(1).startswith("none")):
+        out.append(f"{note}: 'Depends on:' names {named}, front matter {deps} ({titles})")
     return out
 
 
@@ -205,12 +234,12 @@ def test_missing_per_patch_test_file_is_found(mirror):
         f"{name}: no test file tests/<tier>/test_patch_{num}_*.py"]
 
 
-def test_test_file_not_named_in_the_validation_or_index_is_found(mirror):
+def test_test_file_not_named_in_the_record_or_index_is_found(mirror):
     num, _, note = _first(mirror)
     extra = Path("tests") / "unit" / f"test_patch_{num}_extra.py"
     (mirror / extra).write_text("")
     assert check_series_notes(mirror) == [
-        f"{note.relative_to(mirror)}: Validation does not name {extra}",
+        f"{note.relative_to(mirror)}: its project record does not name {extra}",
         f"{NOTES}/README.md: row {num} does not link ../{extra}"]
 
 
@@ -282,23 +311,45 @@ def _note_of(root: Path, num: str) -> Path:
 
 
 def test_depends_on_line_disagreeing_with_front_matter_is_found(mirror):
-    note = _note_of(mirror, "0012")
+    note = _note_of(mirror, "0007")
     text = note.read_text()
     line = re.search(r"^Depends on: .*$", text, re.M).group(0)
-    note.write_text(text.replace(line, "Depends on: 0001 (something)"))
-    assert any("'Depends on:' names ['0001']" in f for f in check_series_notes(mirror))
+    note.write_text(text.replace(line, 'Depends on: the PR "[X] something"'))
+    assert any("'Depends on:' names ['[X] something']" in f
+               for f in check_series_notes(mirror))
+    note.write_text(text.replace(line, "Depends on: 0006 (internal number)"))
+    assert any("names a patch number" in f for f in check_series_notes(mirror))
+
+
+@pytest.mark.parametrize("plant", ["nox -s test -- tests/vllm/x.py", "this project's verifier",
+                                   "VLLM_KIMI_EXT_SHARDED_VERIFY=1", "the plugin does it"])
+def test_project_internal_material_in_a_pr_body_is_found(mirror, plant):
+    note = _note_of(mirror, "0002")
+    note.write_text(note.read_text().replace("## Details", f"{plant}\n\n## Details", 1))
+    assert any("PR body holds project-internal material" in f and plant in f
+               for f in check_series_notes(mirror))
+
+
+def test_unticked_ai_disclosure_or_missing_record_mark_is_found(mirror):
+    note = _note_of(mirror, "0002")
+    text = note.read_text()
+    note.write_text(text.replace(AI_BOX, "- [ ] AI assistance was used during the creation "
+                                         "of this PR").replace(RECORD_MARK, ""))
+    found = check_series_notes(mirror)
+    assert any("lacks the ticked AI-assistance box" in f for f in found)
+    assert any("ending the PR body" in f for f in found)
 
 
 def test_pr_opened_before_its_dependency_is_found(mirror):
     index = mirror / NOTES / "README.md"
     text = index.read_text()
     six = re.search(r"^(\d+)\. (0006 .*)$", text, re.M)
-    eight = re.search(r"^(\d+)\. (0008 .*)$", text, re.M)
-    text = text.replace(six.group(0), f"{six.group(1)}. {eight.group(2)}")
-    text = text.replace(eight.group(0), f"{eight.group(1)}. {six.group(2)}")
+    seven = re.search(r"^(\d+)\. (0007 .*)$", text, re.M)
+    text = text.replace(six.group(0), f"{six.group(1)}. {seven.group(2)}")
+    text = text.replace(seven.group(0), f"{seven.group(1)}. {six.group(2)}")
     index.write_text(text)
     found = check_series_notes(mirror)
-    assert "upstream-notes/README.md: 0008 is listed before 0006, which it depends on" in found
+    assert "upstream-notes/README.md: 0007 is listed before 0006, which it depends on" in found
 
 
 def test_note_without_the_pr_template_sections_is_found(mirror):

@@ -71,3 +71,13 @@ def eagle3_tp2_compile_factors(tp2_config, draft_tp_heads):
     base = {"method": "eagle3", "model": str(draft_tp_heads / "eagle3"),
             "num_speculative_tokens": 3}
     return lambda **options: tp2_config({**base, **options}).speculative_config.compile_factors()
+
+
+@pytest.fixture()
+def kimi_mtp_drafts():
+    """The plugin's "Kimi-K2.5 MTP drafts" runtime patches (R10/R11) installed for one
+    test, and taken out after it."""
+    from testkit.runtime_patches import installed
+
+    with installed("Kimi-K2.5 MTP drafts"):
+        yield

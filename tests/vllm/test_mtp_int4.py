@@ -6,8 +6,9 @@ A tiny checkpoint with that layout (every routed expert, target and MTP layer,
 really quantized) and Kimi's ``quantization_config`` goes through vLLM's own
 config path and loader:
 
-* the MTP draft inherits the target's quantization (patch 0005 keeps the
-  top-level ``quantization_config`` when it promotes the text config);
+* the MTP draft inherits the target's quantization (the plugin's
+  "Kimi-K2.5 MTP drafts" runtime patches keep the top-level ``quantization_config``
+  when they promote the text config);
 * vLLM builds the MTP layer's routed experts as INT4 (``w13/w2_weight_packed``,
   scales, shapes) and leaves ``eh_proj``, the shared head and attention bf16;
   every parameter is written from the checkpoint (poison check) and every MTP
@@ -43,7 +44,8 @@ from testkit.checkpoints import (
     write_tiny_kimi_k25,
 )
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("kimi_mtp_drafts")]
+
 
 SPEC = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
 MTP = SPEC.num_hidden_layers  # the MTP layer's index

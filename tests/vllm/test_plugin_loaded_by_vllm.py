@@ -46,14 +46,18 @@ def test_enabled_plugin_applies_its_runtime_patches_once_and_says_so_in_one_line
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("APPLIED "))
     applied = json.loads(line[len("APPLIED "):])
-    assert applied == {"VllmConfigDraftCheck": ["VllmConfig._limit_max_model_len_to_draft"]}
+    assert applied == {"VllmConfigDraftCheck": ["VllmConfig._limit_max_model_len_to_draft"],
+                       "SpeculativeConfigKimiK25MTP": ["SpeculativeConfig.hf_config_override"],
+                       "MTPSpeculatorConfigKimiK25MTP": [
+                           "MTPSpeculatorConfig.draft_hf_overrides"]}
     status = _status_lines(proc)
     assert len(status) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = compat.applied_record()
     assert f"vllm-kimi-ext {__version__} active" in status[0]
     assert f"digest {record['digest'][:12]}" in status[0]
     assert f"({len(record['series'])} patches" in status[0]
-    assert "runtime patches: VllmConfigDraftCheck;" in status[0]
+    assert ("runtime patches: MTPSpeculatorConfigKimiK25MTP, SpeculativeConfigKimiK25MTP, "
+            "VllmConfigDraftCheck;") in status[0]
     assert "INFO" in status[0]  # through vLLM's handler and format, not dropped
     registered = next(x for x in proc.stdout.splitlines() if x.startswith("REGISTERED "))
     assert json.loads(registered[len("REGISTERED "):]) == sorted(f.name for f in envs.FLAGS)

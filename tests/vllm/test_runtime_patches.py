@@ -14,7 +14,7 @@ import torch
 pytestmark = pytest.mark.vllm
 
 ALL_FLAGS = {"VLLM_KIMI_EXT_COUNT_COLLECTIVES": "5", "VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT": "on",
-             "VLLM_KIMI_EXT_SHARDED_VERIFY": "true"}
+             "VLLM_KIMI_EXT_SHARDED_VERIFY": "true", "VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING": "1"}
 
 
 class Sentinel(Exception):

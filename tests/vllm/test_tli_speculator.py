@@ -70,7 +70,7 @@ def test_configures_with_another_vocabulary_where_draft_model_is_refused(dirs):
     assert type(spec.speculator_config).__name__ == "TLISpeculatorConfig"
     assert spec.draft_model_config.get_vocab_size() == draft.vocab_size == 1294
     assert cfg.model_config.get_vocab_size() == TinyKimiSpec().vocab_size == 1280
-    # loaded as the model it is (patch 0010), not rewritten into an MTP head
+    # loaded as the model it is (patch 0005), not rewritten into an MTP head
     assert spec.draft_model_config.architectures == ["DeepseekV3ForCausalLM"]
     # the plugin's draft_model tokenizer gate leaves a registered method alone
     from vllm_kimi_ext.integration.draft_check import check_speculative_config

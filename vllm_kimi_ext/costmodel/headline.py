@@ -301,8 +301,6 @@ def speculative_config(plan: Plan) -> dict:
         cfg["attention_backend"] = draft_attention_backend(d)
     if plan.placement == "tp1":
         cfg["draft_tensor_parallel_size"] = 1
-    if plan.placement == "tp8-repemb":
-        cfg["replicate_draft_embedding"] = True
     return cfg
 
 
@@ -310,6 +308,8 @@ def serve_env(plan: Plan, requires=()) -> dict[str, str]:
     """Environment variables the serve command sets: ``VLLM_KIMI_EXT=1`` when ``requires``
     (the plan's :class:`~.recommend.Requirement` list) needs anything from this project."""
     env = {envs.ENABLE.name: "1"} if requires else {}
+    if plan.placement == "tp8-repemb":
+        env[envs.REPLICATE_DRAFT_EMBEDDING.name] = "1"
     if plan.verifier == "sharded":
         env[envs.SHARDED_VERIFY.name] = "1"
     return env

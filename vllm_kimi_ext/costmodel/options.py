@@ -39,7 +39,7 @@ REQ_TP1_BLOCK = Requirement(
     False, "block drafter at TP=1 (not buildable)")
 _REPEMB = ref("replicate-draft-embedding")
 REQ_REPEMB = Requirement(f"replicated draft embedding: this project's {_REPEMB} "
-                         "(replicate_draft_embedding)", True, _REPEMB)
+                         "(VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING=1)", True, _REPEMB)
 REQ_REPEMB_OTHER = Requirement(f"a replicated embedding for this draft kind: {_REPEMB} covers "
                                "EAGLE/EAGLE-3/MTP drafts only", False,
                                "replicated embedding (not buildable)")

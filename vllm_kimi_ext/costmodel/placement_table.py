@@ -118,7 +118,8 @@ def render() -> str:
         f"(`[B·(k+1), {dims.vocab_size}]` bf16 vs a few floats per row per rank).",
         "* EAGLE-3 drafting (k draft tokens, one forward each): 4·k collectives for the "
         "stock sharded one-layer head (embedding AR, o_proj AR, MLP AR, logits gather), "
-        "3·k with `replicate_draft_embedding`, 0 with `draft_tensor_parallel_size: 1`.",
+        "3·k with `VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING=1`, "
+        "0 with `draft_tensor_parallel_size: 1`.",
         f"* DFlash drafting: one pass per step; 2L + 2 = {2 * L + 2} collectives sharded "
         f"(L = {L} layers, as assumed in the cost model's zlab-dflash profile), 0 when "
         "run un-sharded (not yet wired for DFlash in vLLM; shown for comparison).",

@@ -378,8 +378,8 @@ def _bound_and_project_levers() -> list[tuple[Lever, Evaluate]]:
                "verify block); not priced where not measured",
                built=True), _set(verifier="sharded")),
         (Lever("repemb", "Replicated draft embedding", "this project",
-               '"replicate_draft_embedding": true in --speculative-config (this project\'s '
-               'patch)', "one draft collective fewer per draft token; 2 GB more per GPU",
+               "VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING=1 (this project's runtime patch)",
+               "one draft collective fewer per draft token; 2 GB more per GPU",
                "EAGLE/EAGLE-3/MTP drafts only", built=True), _set(placement="tp8-repemb")),
         (Lever("tp1", "Draft at TP=1", "this project",
                '"draft_tensor_parallel_size": 1 in --speculative-config (this project\'s '

@@ -2,12 +2,13 @@
 
 A draft run un-sharded (``draft_tensor_parallel_size: 1``) computes its tokens
 independently on every rank; they agree by construction (same weights, same
-inputs, deterministic kernels), and verification relies on it. This check
-proves it at run time: it all-gathers the draft token ids over the target's
-tensor-parallel group after each ``propose`` and raises on any difference.
-It costs one small all-gather per step, so it is off unless
-``VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT=1`` (read when the plugin registers; the
-patch: ``vllm_kimi_ext/runtime/target_dependent_ar_speculator.py``).
+inputs, deterministic kernels), and verification relies on it. vLLM (the
+``eagle-draft-tp1`` git patch) then broadcasts rank 0's draft tokens, so ranks
+always verify the same tokens. This check shows whether they would have differed:
+it all-gathers each rank's own draft token ids over the target's tensor-parallel
+group just before that broadcast and raises on any difference. It costs one small
+all-gather per step, so it is off unless ``VLLM_KIMI_EXT_CHECK_DRAFT_AGREEMENT=1``
+(the patch: ``vllm_kimi_ext/runtime/draft_model_speculator.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def check_draft_agreement(draft_tokens, group=None) -> None:
 
 def check_after_propose(speculator: Any, draft_tokens) -> None:
     """:func:`check_draft_agreement` when ``speculator`` runs its draft un-sharded
-    (only then does each rank compute its draft tokens on its own)."""
-    if getattr(getattr(speculator, "model", None), "runs_unsharded", False):
+    (only then does each rank compute its draft tokens on its own). Called with the
+    tokens each rank drafted, before vLLM broadcasts rank 0's."""
+    if getattr(speculator, "draft_runs_unsharded", False):
         check_draft_agreement(draft_tokens)

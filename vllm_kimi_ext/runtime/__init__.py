@@ -52,11 +52,17 @@ class Feature:
 FEATURES: tuple[Feature, ...] = (
     Feature("configuration-time draft checks", None,
             ("vllm_config:VllmConfigDraftCheck",)),
+    Feature("Kimi-K2.5 MTP drafts", None,
+            ("speculative_config:SpeculativeConfigKimiK25MTP",
+             "mtp_speculator_config:MTPSpeculatorConfigKimiK25MTP")),
     Feature("live collective counting", envs.COUNT_COLLECTIVES,
             (GROUP_COUNTING, "gpu_model_runner:GPUModelRunnerStepCounting",
              "rejection_sampler:RejectionSamplerVerifyPhase")),
     Feature("draft agreement check", envs.CHECK_DRAFT_AGREEMENT,
-            ("target_dependent_ar_speculator:TargetDependentARSpeculatorAgreementCheck",)),
+            ("draft_model_speculator:DraftModelSpeculatorAgreementCheck",)),
+    Feature("replicated draft embedding", envs.REPLICATE_DRAFT_EMBEDDING,
+            ("target_dependent_ar_speculator:TargetDependentARSpeculatorReplicatedEmbedding",
+             "speculative_config:SpeculativeConfigReplicatedEmbeddingFactor")),
     Feature("vocabulary-sharded verification", envs.SHARDED_VERIFY,
             ("sampler:SamplerRememberParams",
              "gpu_model_runner:GPUModelRunnerShardedVerify")),
@@ -139,10 +145,19 @@ def apply_all() -> list[str]:
     """The plugin's runtime patches for the flags set now; starts live collective
     counting when ``VLLM_KIMI_EXT_COUNT_COLLECTIVES`` asks for it."""
     applied = install(*selected())
+    register_models()
     every = envs.COUNT_COLLECTIVES.get()
     if every:
         accounting.start_live_counting(every)
     return applied
+
+
+def register_models() -> None:
+    """Model classes the plugin adds through vLLM's ``ModelRegistry`` (a registration
+    API, not a patch): the Kimi-K2.5 MTP draft the "Kimi-K2.5 MTP drafts" patches name."""
+    from vllm_kimi_ext.integration import kimi_mtp
+
+    kimi_mtp.register_model()
 
 
 def revert_all() -> list[str]:

@@ -1,4 +1,4 @@
-"""Patch 0011: ``draft_tensor_parallel_size: 1`` for standalone draft models
+"""Patch 0007: ``draft_tensor_parallel_size: 1`` for standalone draft models
 (``draft_model`` and ``kimi_tli``), counted at TP=2 on vLLM's classes (gloo).
 
 A tiny dense Qwen3 draft with a Hugging Face byte-level tokenizer of another

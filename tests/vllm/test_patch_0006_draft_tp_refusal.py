@@ -1,4 +1,4 @@
-"""Patch 0007: a draft TP size the method cannot honor is refused by name at
+"""Patch 0006: a draft TP size the method cannot honor is refused by name at
 configuration (stock vLLM 0.34.0 accepts it and silently shards the draft like
 the target)."""
 
@@ -13,7 +13,7 @@ pytestmark = [
     pytest.mark.skipif(
         not has_vllm_symbol("vllm.v1.worker.gpu.spec_decode.speculator_config",
                             "SpeculatorConfig.supports_unsharded_draft"),
-        reason="running vLLM lacks patch 0007 (SpeculatorConfig.supports_unsharded_draft)"),
+        reason="running vLLM lacks patch 0006 (SpeculatorConfig.supports_unsharded_draft)"),
 ]
 
 

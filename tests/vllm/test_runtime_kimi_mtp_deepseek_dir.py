@@ -1,8 +1,8 @@
-"""Patch 0012: a separate MTP directory with a DeepSeek-V3 text config
+"""Runtime patch R10 (formerly a git patch): a separate MTP directory with a DeepSeek-V3 text config
 (``deepseek_v3`` or ``kimi_k2``) and plain ``model.layers.N.*`` tensor names
 loads as ``KimiK25MTPModel`` on a Kimi-K2.5 target.
 
-Stock behaviour (with patches 0001-0011): ``deepseek_v3`` became
+vLLM without the patch: ``deepseek_v3`` became
 ``DeepSeekMTPModel``, which reads its layer counts from the target's nested
 ``Kimi_K25Config`` and fails while building; ``kimi_k2`` was not rewritten and
 was refused as having no MTP layers.  The checks run vLLM's config path and
@@ -24,7 +24,8 @@ from testkit.checkpoints import (
     write_tiny_kimi_k25,
 )
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("kimi_mtp_drafts")]
+
 
 SPEC = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
 
@@ -77,3 +78,23 @@ def test_deepseek_target_keeps_deepseek_mtp(tmp_path):
     cfg = make_vllm_config(tmp_path, speculative_config={
         "method": "mtp", "num_speculative_tokens": 1})
     assert cfg.speculative_config.draft_model_config.architectures == ["DeepSeekMTPModel"]
+
+
+@pytest.mark.parametrize("kind", ["dict", "callable"])
+def test_vllm_overrides_are_applied_before_the_kimi_rewrite(kind):
+    """vLLM's own draft overrides (a dict or a callable) reach the draft config; the
+    git patch this replaces dropped a dict."""
+    from transformers import PretrainedConfig
+
+    from vllm_kimi_ext.integration import kimi_mtp
+
+    def marked(c):
+        c.update({"marker": 3})
+        return c
+
+    cfg = PretrainedConfig(num_nextn_predict_layers=1)
+    cfg.model_type = "kimi_k2"
+    out = kimi_mtp.kimi_target_override(cfg, base={"marker": 3} if kind == "dict" else marked)
+    assert out.marker == 3
+    assert (out.model_type, out.n_predict, out.architectures) == (
+        "deepseek_mtp", 1, [kimi_mtp.ARCHITECTURE])

@@ -1,7 +1,7 @@
-"""Patch 0011, configuration side: ``draft_tensor_parallel_size: 1`` is accepted
+"""Patch 0007, configuration side: ``draft_tensor_parallel_size: 1`` is accepted
 for dense standalone draft models (``draft_model``, ``kimi_tli``) and refused,
 before anything is built, for mixture-of-experts drafts.  The counted runtime
-side is tests/distributed/test_patch_0011_draft_model_unsharded.py."""
+side is tests/distributed/test_patch_0007_draft_model_unsharded.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Patch 0009: ``replicate_draft_embedding`` for sharded EAGLE/EAGLE-3/MTP
-drafts, at TP=2 over gloo with vLLM's real EAGLE-3 classes and its real
-``load_eagle_model``: a sharded draft with a full embedding copy on every
-rank makes 3 collectives per draft token (not 4) and drafts the same tokens.
-The configuration side is in tests/vllm/test_patch_0009_replicate_draft_embedding_config.py.
+"""Runtime patch R08 (``VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING``, formerly a git
+patch): a sharded EAGLE-3 draft loaded by vLLM's real ``load_eagle_model`` at TP=2 over
+gloo, then given a whole embedding copy by the plugin's product code, makes 3
+collectives per draft token (not 4) and drafts the same tokens. The patch wiring and
+the configuration side are in tests/vllm/test_runtime_replicated_draft_embedding_config.py.
 """
 
 from __future__ import annotations
@@ -10,19 +10,9 @@ from __future__ import annotations
 import pytest
 
 from testkit.checkpoints import TinyKimiSpec
-from testkit.draft_scenarios import (
-    expected_draft_pass,
-    has_replicated_embedding_patch,
-    summarize,
-)
+from testkit.draft_scenarios import expected_draft_pass, summarize
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.distributed,
-    pytest.mark.skipif(not has_replicated_embedding_patch(),
-                       reason="running vLLM lacks patch 0009 "
-                              "(SpeculativeConfig.replicate_draft_embedding)"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
 TARGET = TinyKimiSpec()
 ROWS = 2  # DRAFT_TP_ROWS of draft_tp_results (tests/distributed/conftest.py)

@@ -1,4 +1,4 @@
-"""Patch 0008: ``draft_tensor_parallel_size: 1`` for EAGLE/EAGLE-3/MTP drafts,
+"""Patch 0006: ``draft_tensor_parallel_size: 1`` for EAGLE/EAGLE-3/MTP drafts,
 at TP=2 over gloo with vLLM's real EAGLE-3 classes and its real
 ``load_eagle_model``:
 
@@ -11,7 +11,7 @@ at TP=2 over gloo with vLLM's real EAGLE-3 classes and its real
 
 Stock behaviour (the value accepted and ignored) is checked in
 test_draft_collectives.py; the configuration side in
-tests/vllm/test_patch_0008_eagle_draft_tp1_config.py.
+tests/vllm/test_patch_0006_eagle_draft_tp1_config.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.distributed,
     pytest.mark.skipif(not has_unsharded_draft_patch(),
-                       reason="running vLLM lacks patch 0008 (spec_decode.unsharded_draft)"),
+                       reason="running vLLM lacks patch 0006 (spec_decode.unsharded_draft)"),
 ]
 
 TARGET = TinyKimiSpec()

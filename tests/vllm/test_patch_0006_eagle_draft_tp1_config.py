@@ -1,7 +1,7 @@
-"""Patch 0008, configuration side: EAGLE-3 accepts ``draft_tensor_parallel_size:
+"""Patch 0006, configuration side: EAGLE-3 accepts ``draft_tensor_parallel_size:
 1`` under a TP=2 target (the draft is then built un-sharded), refuses it with
 ``draft_lm_head_quantization``, and the value is a compile factor. The
-distributed side is tests/distributed/test_patch_0008_eagle_draft_tp1.py."""
+distributed side is tests/distributed/test_patch_0006_eagle_draft_tp1.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from testkit.draft_scenarios import has_unsharded_draft_patch
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not has_unsharded_draft_patch(),
-                       reason="running vLLM lacks patch 0008 (spec_decode.unsharded_draft)"),
+                       reason="running vLLM lacks patch 0006 (spec_decode.unsharded_draft)"),
 ]
 
 

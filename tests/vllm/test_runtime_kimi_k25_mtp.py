@@ -1,4 +1,5 @@
-"""Patch 0005: DeepSeek-style MTP drafts for Kimi-K2.5 (``KimiK25MTPModel``),
+"""Runtime patches R09/R10 (the plugin's "Kimi-K2.5 MTP drafts" feature, formerly a
+git patch): DeepSeek-style MTP drafts for Kimi-K2.5 (``KimiK25MTPModel``),
 from layer 61 inside the target checkpoint or from a separate directory; a bad
 or missing MTP tensor is named; a K2.5 without MTP layers is still refused.
 
@@ -14,14 +15,9 @@ import dataclasses
 import pytest
 
 from testkit.checkpoints import TinyKimiSpec, mtp_layer_tensors, write_tiny_kimi_k25
-from testkit.draft_scenarios import has_vllm_symbol
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        not has_vllm_symbol("vllm.model_executor.models.deepseek_mtp", "KimiK25MTP"),
-        reason="running vLLM lacks patch 0005 (deepseek_mtp.KimiK25MTP)"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("kimi_mtp_drafts")]
+
 
 MTP_SPEC = dataclasses.replace(TinyKimiSpec(), num_hidden_layers=2)
 
@@ -104,6 +100,23 @@ def test_kimi_k25_mtp_bad_tensor_is_named(tmp_path, fault):
         if report.unwritten:  # a loader that skipped it silently: name it ourselves
             raise AssertionError(f"unwritten: {report.unwritten}")
     assert "eh_proj" in str(err.value)
+
+
+def test_without_the_runtime_patches_vllm_cannot_read_kimi_mtp(tmp_path):
+    """What the feature fixes, on vLLM as it ships: the MTP layer of a Kimi-K2.5
+    checkpoint is not found (its text config is nested), so method "mtp" is refused."""
+    from testkit.vllm_cpu import make_vllm_config
+    from vllm_kimi_ext import runtime
+    from vllm_kimi_ext.runtime.speculative_config import SpeculativeConfigKimiK25MTP
+
+    write_tiny_kimi_k25(tmp_path, MTP_SPEC, with_mtp=True)
+    assert SpeculativeConfigKimiK25MTP.revert()
+    try:
+        with pytest.raises(Exception, match="num_nextn_predict_layers|MTP"):
+            make_vllm_config(tmp_path, speculative_config={
+                "method": "mtp", "num_speculative_tokens": 1})
+    finally:
+        runtime.install(SpeculativeConfigKimiK25MTP)
 
 
 def test_kimi_k25_without_mtp_layers_is_still_refused(tiny_kimi_dir):
