@@ -41,3 +41,20 @@ def test_cut_equals_whole_row_sort(name, z, t, p):
     assert (got.value, got.tie_id) == (float(thr), int(tie)), name
     # bytes per rank: 3,080 B + at most 256 keys x 4 B, against 40,960 B for the shard row
     assert got.coarse_bytes == 3080 and got.boundary_bytes <= 1024
+
+
+@pytest.mark.slow
+def test_cut_equals_whole_row_sort_random_sweep():
+    """120 random bf16 rows (scales 0.3-8, T 1.0 / 0.6, top_p 0.5-0.95, every fifth row with
+    50 tokens tied at its maximum): no row deferred, every cut the whole-row sort's."""
+    g = torch.Generator().manual_seed(2025)
+    for i in range(120):
+        z = (torch.randn(V, generator=g) * [1.0, 3.0, 0.3, 8.0][i % 4]).to(torch.bfloat16)
+        if i % 5 == 0:
+            z[torch.randint(0, V, (50,), generator=g)] = z.max()
+        t, p = [1.0, 0.6][i % 2], [0.95, 0.9, 0.5][i % 3]
+        thr, tie, _ = exact_cut(scale_logits(z[None], torch.tensor([t])),
+                                torch.zeros(1, dtype=torch.long), torch.zeros(1),
+                                torch.tensor([p]))
+        got = hist_exchange_cut(z.clone(), t, p, TP)
+        assert got is not None and (got.value, got.tie_id) == (float(thr), int(tie)), i
