@@ -79,7 +79,8 @@ PACKAGES: dict[str, Package] = {
         tests=("tests/unit/test_mutants_drafts.py", "tests/unit/test_planted_doctor.py",
                "tests/unit/test_drafts_doctor.py",
                "tests/unit/test_tli_maps.py", "tests/unit/test_draft_placement_table.py",
-               "tests/unit/test_cross_tokenizer.py", "tests/unit/test_shrink_vocab.py")),
+               "tests/unit/test_cross_tokenizer.py", "tests/unit/test_shrink_vocab.py",
+               "tests/unit/test_draft_rope_config.py")),
     "train": Package(
         paths=("vllm_kimi_ext/train",),
         tests=("tests/unit/test_mutants_train.py", "tests/unit/test_planted_bill.py",

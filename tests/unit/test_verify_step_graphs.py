@@ -37,6 +37,14 @@ def test_probabilistic_drafts_replay_equal_to_eager():
     assert rep.steps == rep.replayed == 30 and rep.uncaptured == {}
 
 
+def test_rows_per_request_not_a_power_of_two_replay_equal_to_eager():
+    """k = 2 (3 rows per request): a graph's static rows are indexed request x rows per
+    request + row; with 4 or 8 rows per request an OR in place of the + gives the same
+    index, with 3 it does not."""
+    rep = replay_steps(24, max_reqs=8, k=2, capture_sizes=(2, 4, 8), seed=7)
+    assert rep.steps == rep.replayed == 24 and rep.uncaptured == {}
+
+
 def test_default_capture_sizes():
     assert gs.default_capture_sizes(256)[:8] == (1, 2, 4, 8, 16, 24, 32, 40)
     assert gs.default_capture_sizes(256)[-1] == 256
