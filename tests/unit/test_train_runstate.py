@@ -52,6 +52,7 @@ def test_skip_batches_leaves_out_the_first_batches_only():
 
 def _payload(step: int) -> dict:
     return {"run": {"lr": 1e-3}, "model": {"w": torch.full((2,), float(step))},
+            "optimizer": {}, "scheduler": {}, "best": None,
             "loop": {"step": step}, "rng": [runstate.rng_state()]}
 
 

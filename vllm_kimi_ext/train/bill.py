@@ -249,7 +249,7 @@ def load_measured(data_dir: str | Path | None, train_json: str | Path | None) ->
 
 
 def format_bill(bill: Bill, cmp: dict | None = None) -> str:
-    from .capture import human_bytes
+    from vllm_kimi_ext.user_input import human_bytes
 
     t = bill.traffic
     lines = [

@@ -50,6 +50,13 @@ def _add_hf_model(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--gguf-file", default=None, help="GGUF file name inside --hf-model")
 
 
+def _add_rehash(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rehash-shards", action="store_true",
+                   help="before any work, read every hidden-state shard again to compare "
+                        "its sha256 and finiteness with what capture recorded (default: "
+                        "header, shape, size and the recorded flags only)")
+
+
 def _add_trust_remote_code(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the Python code a checkpoint ships (its config's auto_map), as "
@@ -233,6 +240,7 @@ def _register_train(sub) -> None:
     add_flags(p, settings.TrainConfig)
     add_flags(p, settings.Holdout)
     _add_train_scale_flags(p)
+    _add_rehash(p)
     _add_trust_remote_code(p)
     p.set_defaults(func=run_train)
 
@@ -281,6 +289,7 @@ def _register_eval(sub) -> None:
     add_flags(p, settings.Holdout)
     p.add_argument("--split", choices=("heldout", "train", "all"), default="all")
     p.add_argument("--json", action="store_true")
+    _add_rehash(p)
     _add_trust_remote_code(p)
     p.set_defaults(func=run_eval)
 
@@ -296,8 +305,14 @@ def _warn_eval_cut(results: dict, max_len: int) -> None:
                   "not evaluated", file=sys.stderr)
 
 
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr)
+
+
 def run_eval(args) -> int:
-    from . import layout
+    from . import layout, trainer
     from .evaluate import evaluate, format_table
 
     check_args("eval", args)
@@ -305,9 +320,9 @@ def run_eval(args) -> int:
     held = holdout_hashes(samples, args.holdout_every)
     pick = {"all": lambda s: True, "heldout": lambda s: s.prompt_hash in held,
             "train": lambda s: s.prompt_hash not in held}[args.split]
-    cap = layout.read_manifest(args.data).get("capture") or {}
-    chosen = [s for s in samples if pick(s) and layout.captured(
-        args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
+    cap = trainer.capture_settings(args.data)
+    chosen = trainer.captured_samples(args.data, [s for s in samples if pick(s)], cap,
+                                      log=_stderr, what="eval")
     results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k,
                            max_len=args.max_len, device=args.device,
                            trust_remote_code=args.trust_remote_code)

@@ -205,8 +205,8 @@ def evaluate(
     bridge.require_speculators()
     cap = trainer.capture_settings(data_dir)
     if samples is None:
-        samples = [s for s in layout.read_samples(data_dir, tokens=False)
-                   if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
+        samples = trainer.captured_samples(data_dir, layout.read_samples(data_dir, tokens=False),
+                                           cap, what="eval")
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
     dev = trainer.resolve_device(device)

@@ -140,6 +140,10 @@ class TrainConfig:
     max_len: int = setting(LONG_SAMPLE, "tokens packed per step and rank; a longer sample is "
                                         "cut, warned about and counted in training.json",
                            type=bounded_int(2, what="a token count"))
+    min_train_tokens: int = setting(
+        1, "refuse to train when fewer response tokens than this survive --max-len and "
+           "--prompt-context (1: refuse only a run that would train on nothing)",
+        metavar="N", type=bounded_int(1, what="a token count"))
     prompt_context: int | None = setting(
         None, "train on at most the last N prompt tokens of each sample")
     ttt_steps: int = setting(3, "draft depths trained (k)")
