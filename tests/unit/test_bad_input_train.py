@@ -580,6 +580,13 @@ TRAIN_CASES: list[Case] = [
 ]
 
 
+def _edit_capture(data: Path, **changes) -> None:
+    path = data / "manifest.json"
+    man = json.loads(path.read_text())
+    man["capture"].update(changes)
+    path.write_text(json.dumps(man))
+
+
 def _env_build(ws: Workspace, **env: str) -> dict[str, Path]:
     for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         ws.monkeypatch.delenv(name, raising=False)
@@ -668,7 +675,29 @@ BILL_CASES: list[Case] = [
         ("--prefill-tok-s", "0", "> 0"), ("--prefill-tok-s", "nan", "finite"),
         ("--ttt-steps", "0", "in [1, 64]"), ("--epochs", "0", "> 0"), ("--epochs", "-1", "> 0"),
         ("--alt-step-cost", "0", "> 0"), ("--alt-step-cost", "-1", "> 0"),
+        ("--disk-read-gb-s", "0", "> 0"), ("--disk-read-gb-s", "-7", "> 0"),
+        ("--disk-read-gb-s", "nan", "finite"), ("--max-len", "1", ">= 2"),
     ]),
+    *[_case(f"bill/measured-train-{name}", _with(BILL, "--measured-train", "{tmp}/t.json"),
+            ["{tmp}/t.json", *words], _put("t.json", content))
+      for name, content, words in (
+          ("negative-rate", '{"tokens_per_s": -120.5}',
+           ["field 'tokens_per_s' is -120.5, expected a finite number > 0"]),
+          ("zero-rate", '{"tokens_per_s": 0}', ["field 'tokens_per_s' is 0"]),
+          ("text-rate", '{"tokens_per_s": "fast"}', ["field 'tokens_per_s' is 'fast'"]),
+          ("boolean-rate", '{"tokens_per_s": true}', ["field 'tokens_per_s' is True"]),
+          ("list", "[1, 2]", ["holds a JSON list, expected training.json's object"]))],
+    _case("bill/measured-generation-rate-text", _with(BILL, "--measured", "{data}"),
+          ["manifest.json: field 'generation.measured.tokens_per_s' is 'x'"],
+          _json_edit("data", "manifest.json", generation={"measured": {"tokens_per_s": "x"}})),
+    _case("bill/measured-capture-seconds-negative", _with(BILL, "--measured", "{data}"),
+          ["manifest.json: field 'capture.measured.seconds' is -3"],
+          lambda p: _edit_capture(p["data"], measured={"tokens": 10, "seconds": -3})),
+    _case("bill/measured-capture-not-object", _with(BILL, "--measured", "{data}"),
+          ["manifest.json: field 'capture' is 'done', expected an object"],
+          _json_edit("data", "manifest.json", capture="done")),
+    _case("bill/clean-disk-bound", _with(BILL, "--disk-read-gb-s", "0.01"),
+          ["DISK-BOUND: the shard store, not the GPUs, bounds training"], code=0),
     *[_case(f"bill/gain-fraction-{v}", _with(BILL, "--gain-fraction", v, drop=("--prompts",)),
             ["--gain-fraction", "in (0, 1)"]) for v in ("0", "1", "1.5", "-0.1", "nan")],
     _case("bill/n-half-zero", _with(BILL, "--gain-fraction", "0.5", "--n-half", "0",

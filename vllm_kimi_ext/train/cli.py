@@ -357,7 +357,8 @@ def _register_bill(sub) -> None:
                    help="tau of today's draft on your traffic (draft eval / serving logs)")
     p.add_argument("--tau-after", type=float, default=None, help="expected tau after fine-tuning")
     p.add_argument("--tau-alt", type=float, default=None, help="tau of the other public draft")
-    add_flags(p, settings.Bill, only=("alt_step_cost",))
+    add_flags(p, settings.Bill, only=("alt_step_cost", "disk_read_gb_s"))
+    add_flags(p, settings.TrainConfig, only=("max_len",))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_bill)
 
@@ -396,7 +397,8 @@ def run_bill(args) -> int:
                             online=args.online, ttt_steps=args.ttt_steps, epochs=args.epochs,
                             **box_kw,
                             measured_train_tokens_per_s=measured.get("train_tokens_per_s"),
-                            sources=sources)
+                            sources=sources, disk_read_bytes_per_s=args.disk_read_gb_s * 1e9,
+                            tokens_per_step=args.max_len)
     cmp = None
     if args.tau_now is not None and args.tau_after is not None:
         cmp = b.fine_tune_vs_switch(args.tau_now, args.tau_after,

@@ -198,3 +198,8 @@ class Bill:
     decode_batch: int = setting(64, "concurrent requests while regenerating")
     context: int = setting(4096, "context tokens per request while regenerating")
     alt_step_cost: float = setting(1.0, "the other draft's step time / today's")
+    #: ASSUMPTION: one PCIe 4.0 x4 NVMe drive (vendor datasheets of current drives list
+    #: ~7 GB/s sequential read); a RAID or a network store differs
+    disk_read_gb_s: float = setting(
+        7.0, "sequential read rate of the shard store in GB/s (assumed: one PCIe 4.0 x4 "
+             "NVMe drive's datasheet rate); the bill flags a run the store bounds")

@@ -123,6 +123,7 @@ NUMBERS: dict[str, dict[str, Num]] = {
         "decode_batch": _COUNT, "context": _COUNT, "decode_tok_s": _POSITIVE,
         "prefill_tok_s": _POSITIVE, "ttt_steps": Num(int, 1, 64), "epochs": _POSITIVE,
         "tau_now": _TAU, "tau_after": _TAU, "tau_alt": _TAU, "alt_step_cost": _POSITIVE,
+        "disk_read_gb_s": _POSITIVE, "max_len": Num(int, 2),
     },
 }
 
