@@ -662,6 +662,17 @@ EVAL_CASES: list[Case] = [
     _case("eval/data-other-target", EVAL, ["captured with hidden_size 64"],
           _json_edit("target", hidden_size=32)),
     _case("eval/k-text", _with(EVAL, "-k", "three"), ["-k", "three"]),
+    _case("eval/k-longer-than-every-sample", _with(EVAL, "-k", "40"),
+          ["-k 40 --max-len 16384: no chain of 40 response tokens fits any of the 4 samples",
+           "nothing evaluated"]),
+    _case("eval/max-len-leaves-no-position", _with(EVAL, "--max-len", "5"),
+          ["-k 3 --max-len 5: no chain of 3 response tokens", "nothing evaluated"]),
+    _case("eval/chunk-zero", _with(EVAL, "--chunk", "0"), ["--chunk", ">= 1"]),
+    _case("eval/shard-torn", EVAL, ["hs_1.safetensors", "bytes, recorded"],
+          lambda p: _truncate(p["data"] / "hidden_states" / "hs_1.safetensors")),
+    _case("eval/shard-rewritten-rehash", _with(EVAL, "--rehash-shards"),
+          ["hs_2.safetensors: sha256 differs from the recorded one"],
+          lambda p: _rewrite_shard(p["data"], 2, nan=True)),
 ]
 
 BILL_CASES: list[Case] = [

@@ -313,7 +313,7 @@ def _stderr(msg: str) -> None:
 
 def run_eval(args) -> int:
     from . import layout, trainer
-    from .evaluate import evaluate, format_table
+    from .evaluate import check_chains, evaluate, format_table
 
     check_args("eval", args)
     samples = layout.read_samples(args.data, tokens=False)
@@ -323,8 +323,9 @@ def run_eval(args) -> int:
     cap = trainer.capture_settings(args.data)
     chosen = trainer.captured_samples(args.data, [s for s in samples if pick(s)], cap,
                                       log=_stderr, what="eval")
+    check_chains(chosen, args.k, args.max_len)  # before any model is built
     results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k,
-                           max_len=args.max_len, device=args.device,
+                           max_len=args.max_len, chunk=args.chunk, device=args.device,
                            trust_remote_code=args.trust_remote_code)
                for d in args.draft}
     _warn_eval_cut(results, args.max_len)

@@ -188,6 +188,11 @@ class Evaluation:
                            type=bounded_int(2, what="a token count"))
     device: str | None = setting(None, "cpu, cuda or cuda:N (default: cuda in bf16 if "
                                        "available, else cpu in fp32)", type=_device)
+    chunk: int = setting(
+        1024, "chain starts scored at once: the scoring's peak memory is about 16 x CHUNK x "
+              "vocab bytes whatever the sample's length (2.7 GB at 1024 x Kimi-K2.5's 163840), "
+              "plus the draft's forward over the sample", metavar="CHUNK",
+        type=bounded_int(1, what="a position count"))
 
 
 @dataclasses.dataclass(frozen=True)

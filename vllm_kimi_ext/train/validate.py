@@ -116,7 +116,8 @@ NUMBERS: dict[str, dict[str, Num]] = {
         "checkpoint_every": _COUNT, "val_fraction": Num(float, 0, 0.5), "val_every": _COUNT,
         "patience": _COUNT, "loader_workers": Num(int, 0, 64), "min_train_tokens": _COUNT,
     },
-    "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT, "max_len": Num(int, 2)},
+    "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT, "max_len": Num(int, 2),
+             "chunk": _COUNT},
     "bill": {
         "prompts": _COUNT, "gain_fraction": Num(float, 0, 1, lo_open=True, hi_open=True),
         "n_half": _POSITIVE, "prompt_tokens": _POSITIVE, "response_tokens": _POSITIVE,
