@@ -317,7 +317,7 @@ def save_checkpoint(root: str | Path, step: int, payload: dict) -> Path:
     needed = payload_bytes(payload)
     check_free_space(final, needed, "a checkpoint")
     # a full disk mid-write: the temporary folder goes, the older checkpoints stay
-    with disk_full_refusal(final, needed, cleanup=[tmp], what="writing a checkpoint"):
+    with disk_full_refusal(final, needed, what="writing a checkpoint"):
         try:
             tmp.mkdir()
             with open(tmp / STATE_FILE, "wb") as fh:
@@ -326,7 +326,7 @@ def save_checkpoint(root: str | Path, step: int, payload: dict) -> Path:
                 os.fsync(fh.fileno())
             (tmp / "run.json").write_text(json.dumps(payload["run"], indent=1, default=str)
                                           + "\n")
-        except BaseException:
+        except BaseException:  # a full disk, an interrupt: no torn temporary folder stays
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     if final.exists():
