@@ -397,6 +397,8 @@ CAPTURE_CASES: list[Case] = [
                                                     drop=("--tensor-parallel-size",)),
           ["--vllm-target runs vLLM on CUDA GPUs and none is visible"],
           lambda p: _no_gpus()),
+    _case("capture/hf-model-unloadable", CAPTURE,
+          ["--hf-model {hf}: transformers cannot load a tokenizer and causal LM from it"]),
     _case("capture/staging-is-file", _with(CAPTURE_VLLM, "--staging", "{file}"),
           ["--staging {file}: is a file"]),
     _case("capture/staging-inside-target", _with(CAPTURE_VLLM, "--staging", "{target}/stage"),
@@ -550,6 +552,22 @@ TRAIN_CASES: list[Case] = [
         TRAIN, "--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/ck"),
         ["holds checkpoints of an earlier run; pass --resume"],
         _put("ck/step-000000002/state.pt", b"x")),
+    # a damaged manifest: one line naming the field, never an internal error
+    _case("train/manifest-list", TRAIN, ["manifest.json: holds a JSON list, expected an object"],
+          _put("data/manifest.json", "[1]")),
+    _case("train/manifest-capture-text", TRAIN,
+          ["manifest.json: field 'capture' is 'done', expected an object"],
+          _json_edit("data", "manifest.json", capture="done")),
+    _case("train/manifest-shard-entry-index-text", TRAIN,
+          ["manifest.json: field 'capture.samples[0]' is {'index': 'x'",
+           "an integer 'index' >= 0"],
+          lambda p: _edit_capture_entry(p["data"], 0, index="x")),
+    _case("train/manifest-layer-ids-text", TRAIN,
+          ["field 'capture.layer_ids' is '2,3,4,6', expected ascending layer ids"],
+          lambda p: _edit_capture(p["data"], layer_ids="2,3,4,6")),
+    _case("train/manifest-aux-ids-other", TRAIN,
+          ["field 'capture.aux_layer_ids' is [1, 2], expected [2, 3, 4]"],
+          lambda p: _edit_capture(p["data"], aux_layer_ids=[1, 2])),
     Case("train/world-size-without-torchrun", TRAIN, 2,
          ("WORLD_SIZE=2 is set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not",
           "torchrun --nproc-per-node 2"), lambda ws: _env_build(ws, WORLD_SIZE="2")),
@@ -584,6 +602,13 @@ def _edit_capture(data: Path, **changes) -> None:
     path = data / "manifest.json"
     man = json.loads(path.read_text())
     man["capture"].update(changes)
+    path.write_text(json.dumps(man))
+
+
+def _edit_capture_entry(data: Path, pos: int, **changes) -> None:
+    path = data / "manifest.json"
+    man = json.loads(path.read_text())
+    man["capture"]["samples"][pos].update(changes)
     path.write_text(json.dumps(man))
 
 
@@ -668,6 +693,12 @@ EVAL_CASES: list[Case] = [
     _case("eval/max-len-leaves-no-position", _with(EVAL, "--max-len", "5"),
           ["-k 3 --max-len 5: no chain of 3 response tokens", "nothing evaluated"]),
     _case("eval/chunk-zero", _with(EVAL, "--chunk", "0"), ["--chunk", ">= 1"]),
+    _case("eval/manifest-hidden-size-text", EVAL,
+          ["field 'capture.hidden_size' is '64', expected an integer >= 1"],
+          lambda p: _edit_capture(p["data"], hidden_size="64")),
+    _case("eval/manifest-shard-bytes-text", EVAL,
+          ["field 'capture.samples[1].bytes' is 'big', expected an integer >= 0"],
+          lambda p: _edit_capture_entry(p["data"], 1, bytes="big")),
     _case("eval/shard-torn", EVAL, ["hs_1.safetensors", "bytes, recorded"],
           lambda p: _truncate(p["data"] / "hidden_states" / "hs_1.safetensors")),
     _case("eval/shard-rewritten-rehash", _with(EVAL, "--rehash-shards"),

@@ -68,10 +68,21 @@ def load_hf(model_dir: str, gguf_file: str | None = None, *, trust_remote_code: 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vllm_kimi_ext.user_input import UserInputError, one_line
+
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code, **kw)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code, **kw)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code,
+                                            **kw)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                     trust_remote_code=trust_remote_code, **kw)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # files missing or unusable
+        detail = one_line(str(exc)) or type(exc).__name__
+        raise UserInputError(
+            f"--hf-model {model_dir}: transformers cannot load a tokenizer and causal LM "
+            f"from it ({detail[:200]}{'...' if len(detail) > 200 else ''})",
+            file=str(model_dir), field="--hf-model",
+            expected="a transformers model folder (config, tokenizer, weights)") from None
     return model.eval(), tok
 
 

@@ -287,10 +287,61 @@ def read_manifest(data_dir: str | Path) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: holds a JSON {type(manifest).__name__}, expected an object",
+                        file=str(path))
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path}: field 'format' is {manifest.get('format')!r}, expected "
                         f"{FORMAT!r}")
+    for key in ("generation", "capture"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            _bad_field(path, key, manifest[key], "an object")
+    if manifest.get("capture"):
+        _check_capture_section(manifest["capture"], path)
     return manifest
+
+
+def _bad_field(path: Path, field: str, value: Any, expected: str) -> None:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise DataError(f"{path}: field {field!r} is {shown}, expected {expected} (edited or "
+                    "damaged; run `draft capture` again on a new --data)", file=str(path),
+                    field=field, expected=expected)
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _check_capture_section(cap: dict, path: Path) -> None:
+    """The capture section's fields that readers use, where present, have their types:
+    layer ids ascending integers (the aux ids the same without the last), a hidden size
+    >= 1, shard entries objects with an integer index, size and a sha256 string."""
+    for key in ("layer_ids", "aux_layer_ids"):
+        ids = cap.get(key)
+        if ids is not None and (not isinstance(ids, list) or not all(map(_is_count, ids))
+                                or ids != sorted(set(ids))):
+            _bad_field(path, f"capture.{key}", ids, "ascending layer ids (integers >= 0)")
+    ids = cap.get("layer_ids")
+    if ids is not None and len(ids) < 2:
+        _bad_field(path, "capture.layer_ids", ids, "at least 2 ids (aux layers, then the last)")
+    if ids is not None and cap.get("aux_layer_ids") not in (None, ids[:-1]):
+        _bad_field(path, "capture.aux_layer_ids", cap["aux_layer_ids"],
+                   f"{ids[:-1]} (layer_ids without the last)")
+    hidden = cap.get("hidden_size")
+    if hidden is not None and (not _is_count(hidden) or hidden < 1):
+        _bad_field(path, "capture.hidden_size", hidden, "an integer >= 1")
+    entries = cap.get("samples")
+    if entries is not None and not isinstance(entries, list):
+        _bad_field(path, "capture.samples", entries, "a list of shard entries")
+    for pos, entry in enumerate(entries or []):
+        where = f"capture.samples[{pos}]"
+        if not isinstance(entry, dict) or not _is_count(entry.get("index")):
+            _bad_field(path, where, entry, "an object with an integer 'index' >= 0")
+        if "bytes" in entry and not _is_count(entry["bytes"]):
+            _bad_field(path, f"{where}.bytes", entry["bytes"], "an integer >= 0")
+        if "sha256" in entry and not isinstance(entry["sha256"], str):
+            _bad_field(path, f"{where}.sha256", entry["sha256"], "a hex string")
 
 
 @contextlib.contextmanager
@@ -459,8 +510,8 @@ def shard_records(data_dir: str | Path) -> dict[int, dict]:
     then the shard log (a later line wins: the shard was written again)."""
     out: dict[int, dict] = {}
     for entry in (read_manifest(data_dir).get("capture") or {}).get("samples") or []:
-        if isinstance(entry, dict) and "sha256" in entry and "bytes" in entry:
-            out[int(entry["index"])] = entry
+        if "sha256" in entry and "bytes" in entry:  # types checked by read_manifest
+            out[entry["index"]] = entry
     log = Path(data_dir) / HIDDEN_DIR / SHARD_LOG
     if log.is_file():
         for line in log.read_text(encoding="utf-8").splitlines():

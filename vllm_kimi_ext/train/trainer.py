@@ -52,6 +52,8 @@ def capture_settings(data_dir: str | Path) -> dict:
     if not cap:
         raise DataError(f"{Path(data_dir) / layout.MANIFEST}: no capture section "
                         "(run `vllm-kimi-ext draft capture` first)")
+    if isinstance(cap.get("layer_ids"), list):  # an older manifest without the aux ids
+        cap.setdefault("aux_layer_ids", cap["layer_ids"][:-1])
     return cap
 
 
