@@ -397,8 +397,9 @@ def train(
         runstate.check_resume_identity(ckpt_dir, run_identity(
             config, data_dir=data_dir, target_dir=target_dir, init=init, samples=samples,
             val=val_samples, world=runstate.world_size_from_env()))
-    check_kept_tokens(truncation(samples, config.max_len, config.prompt_context),
-                      config.min_train_tokens)
+    if config.max_steps != 0:  # 0: --init exported as it is, nothing trained
+        check_kept_tokens(truncation(samples, config.max_len, config.prompt_context),
+                          config.min_train_tokens)
     ranks = runstate.setup_ranks(config.device)
     try:
         return _train(data_dir, target_dir, out_dir, init=init, samples=samples,
