@@ -21,13 +21,16 @@ The scenario mirrors fine-tuning a public head on your own traffic:
    head on the traffic set);
 4. teacher-forced acceptance of each head on the held-out set, per source.
 
-Writes ``results.json`` and ``results.md`` (the table in docs/training-a-draft.md).
+Writes ``results.json`` and ``results.md``; the tables of docs/training-a-draft.md are
+generated from the committed copy of a run's ``results.json``
+(``bench/reports/train-smallscale/``, :mod:`bench.harness.smallscale_docs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import gzip
 import importlib.util
 import json
@@ -206,15 +209,12 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
     t2d, _ = bridge.read_vocab_maps(untrained)
     held_tokens = [t for s in layout.read_samples(data["heldout"]) for t in s.output_token_ids]
     coverage = sum(bool(t2d[t]) for t in held_tokens) / max(len(held_tokens), 1)
-    manifests = {s: layout.read_manifest(d) for s, d in data.items()}
     summary = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "sizes": dataclasses.asdict(sizes), "seed": seed, "results": results,
         "train_set_results": train_set,
         "training": training, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "throughput": {s: {"generate_tok_s": m["generation"]["measured"]["tokens_per_s"],
-                           "samples": len(m["capture"]["samples"]),
-                           "disk_bytes": m["capture"]["disk_bytes"]}
-                       for s, m in manifests.items()},
+        "data": data_summary(data),
         "torch_threads": torch.get_num_threads(),
         "heldout_draft_vocab_coverage": coverage,
     }
@@ -223,6 +223,23 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
         "held-out prompts\n\n" + evaluate.format_table(results) +
         "\n\ntraining prompts (traffic set)\n\n" + evaluate.format_table(train_set) + "\n")
     return summary
+
+
+def data_summary(data: dict[str, Path]) -> dict[str, dict]:
+    """Per set: samples, samples per source, prompt and response tokens, the shards'
+    bytes and the measured generation rate (what the document's first table shows)."""
+    from collections import Counter
+
+    out = {}
+    for split, d in data.items():
+        samples, man = layout.read_samples(d, tokens=False), layout.read_manifest(d)
+        out[split] = {"samples": len(samples),
+                      "sources": dict(Counter(s.source for s in samples)),
+                      "prompt_tokens": sum(s.prompt_len for s in samples),
+                      "response_tokens": sum(s.output_len for s in samples),
+                      "disk_bytes": man["capture"]["disk_bytes"],
+                      "generate_tok_s": man["generation"]["measured"]["tokens_per_s"]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,12 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import math
+import os
+import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 __all__ = [
@@ -29,11 +34,16 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "MAX_VOCAB_SIZE",
+    "DiskFullError",
     "UsageError",
     "UserInputError",
     "bounded_float",
     "bounded_int",
+    "check_free_space",
+    "disk_full_refusal",
+    "human_bytes",
     "one_line",
+    "tree_bytes",
 ]
 
 EXIT_OK = 0
@@ -89,6 +99,91 @@ class UserInputError(ValueError):
 
 class UsageError(UserInputError):
     """Arguments that do not fit together (what argparse cannot express)."""
+
+
+class DiskFullError(UserInputError):
+    """The disk (or quota) filled while an output was written; its temporary files are
+    gone and the output is as it was before the command."""
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in decimal units (``57.3 KB``, ``1.2 GB``)."""
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000.0
+    raise AssertionError
+
+
+def _free_bytes(path: Path) -> int | None:
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+#: The errors that mean "no room": a full device, an exhausted quota.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def disk_full_refusal(path: str | Path, needed: int | None, *,
+                      cleanup: Iterable[str | Path] = (), what: str = "writing"
+                      ) -> Iterator[argparse.Namespace]:
+    """Within the block, a full disk becomes a :class:`DiskFullError` naming ``path``,
+    the space ``needed`` (bytes; ``None``: not known) and the space free, after the
+    ``cleanup`` paths (temporary files and folders) are removed. Other errors pass.
+    The block may set ``.needed`` on the object it gets once it knows better."""
+    state = argparse.Namespace(needed=needed)
+    try:
+        yield state
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        for p in cleanup:
+            _remove(Path(p))
+        free, needed = _free_bytes(Path(path)), state.needed
+        need = f"about {human_bytes(needed)} needed" if needed is not None else \
+            "more space needed"
+        have = f", {human_bytes(free)} free" if free is not None else ""
+        raise DiskFullError(
+            f"{path}: no space left on the device while {what} ({need}{have}); free space or "
+            "choose another folder and run the command again (its partial files were "
+            "removed)", file=str(path), expected=need) from None
+
+
+def check_free_space(path: str | Path, needed: int, what: str = "writing") -> None:
+    """Refuse before writing when ``needed`` bytes are more than the space free where
+    ``path`` goes."""
+    free = _free_bytes(Path(path))
+    if free is not None and needed > free:
+        raise DiskFullError(f"{path}: {human_bytes(needed)} needed for {what}, "
+                            f"{human_bytes(free)} free; free space or choose another folder",
+                            file=str(path), expected=f"{human_bytes(needed)} free")
+
+
+def tree_bytes(path: str | Path) -> int:
+    """Bytes of the files under ``path`` (a file: its size); 0 if absent."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    total = 0
+    for root, _, files in os.walk(p):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, f)).st_size
+    return total
 
 
 # --------------------------------------------------------------------------- #

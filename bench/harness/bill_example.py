@@ -28,11 +28,6 @@ EXAMPLE = ("draft", "bill", "--prompts", "300000", "--tau-now", "1.6", "--tau-af
 PILOT = ("draft", "bill", "--prompts", "20000", "--tau-now", "1.6", "--tau-after", "2.0")
 
 
-def _markers(block: str) -> tuple[str, str]:
-    return (f"<!-- BEGIN GENERATED: {block} ({PROG} --write-docs docs/) -->",
-            f"<!-- END GENERATED: {block} -->")
-
-
 def _run(argv: tuple[str, ...]) -> str:
     """What ``vllm-kimi-ext ARGV`` prints (it must succeed)."""
     from vllm_kimi_ext.cli import main
@@ -67,15 +62,22 @@ def blocks() -> dict[str, str]:
             "bill-payback": payback}
 
 
-def updated(text: str, where: str) -> str:
-    for name, block in blocks().items():
-        begin, end = _markers(name)
+def replace_blocks(text: str, new: dict[str, str], prog: str) -> str:
+    """``text`` with each generated block ``name`` (between its markers, which name
+    ``prog``) replaced by ``new[name]``; ValueError when a block's markers are missing."""
+    for name, block in new.items():
+        begin = f"<!-- BEGIN GENERATED: {name} ({prog} --write-docs docs/) -->"
+        end = f"<!-- END GENERATED: {name} -->"
         if begin not in text or end not in text:
             raise ValueError(f"lacks the GENERATED {name} markers")
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
         text = f"{head}{begin}\n{block}\n{end}{tail}"
     return text
+
+
+def updated(text: str, where: str) -> str:
+    return replace_blocks(text, blocks(), PROG)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,9 @@ GENERATORS: tuple[DocGenerator, ...] = (
     DocGenerator("bench.harness.readme", ".", ("README.md",), updates=("README.md",)),
     DocGenerator("bench.harness.bill_example", "docs", ("training-a-draft.md",),
                  updates=("training-a-draft.md",)),
+    # the small-scale run's tables, from its committed results.json
+    DocGenerator("bench.harness.smallscale_docs", "docs", ("training-a-draft.md",),
+                 updates=("training-a-draft.md",)),
 )
 
 

@@ -397,6 +397,8 @@ CAPTURE_CASES: list[Case] = [
                                                     drop=("--tensor-parallel-size",)),
           ["--vllm-target runs vLLM on CUDA GPUs and none is visible"],
           lambda p: _no_gpus()),
+    _case("capture/hf-model-unloadable", CAPTURE,
+          ["--hf-model {hf}: transformers cannot load a tokenizer and causal LM from it"]),
     _case("capture/staging-is-file", _with(CAPTURE_VLLM, "--staging", "{file}"),
           ["--staging {file}: is a file"]),
     _case("capture/staging-inside-target", _with(CAPTURE_VLLM, "--staging", "{target}/stage"),
@@ -438,7 +440,8 @@ TRAIN_CASES: list[Case] = [
           ["--data {hf}: no samples.jsonl"]),
     _case("train/data-not-captured", TRAIN, ["no capture section", "draft capture"],
           _drop("data", "manifest.json")),
-    _case("train/data-no-complete-shard", TRAIN, ["--data", "no complete hidden-state shard"],
+    _case("train/data-no-complete-shard", TRAIN,
+          ["--data", "hs_0.safetensors: recorded by capture but missing"],
           _drop("data", "hidden_states")),
     _case("train/data-other-target", TRAIN, ["captured with hidden_size 64", "has 128"],
           _json_edit("target", hidden_size=128)),
@@ -513,7 +516,140 @@ TRAIN_CASES: list[Case] = [
     _case("train/device-cpu-index", _with(TRAIN, "--device", "cpu:1"), ["--device 'cpu:1'"]),
     _case("train/device-cuda-99", _with(TRAIN, "--device", "cuda:99"), ["--device cuda:99"]),
     _case("train/epochs-text", _with(TRAIN, "--epochs", "two"), ["--epochs", "two"]),
+    # every output apart from every input and every other output
+    *[_case(f"train/checkpoint-dir-{name}", _with(TRAIN, "--checkpoint-every", "2",
+                                                  "--checkpoint-dir", where), words)
+      for name, where, words in (
+          ("inside-data", "{data}/ck", ["--checkpoint-dir {data}/ck lies inside --data"]),
+          ("is-target", "{target}", ["--checkpoint-dir {target} is the same path as --target"]),
+          ("inside-target", "{target}/ck", ["--checkpoint-dir {target}/ck lies inside "
+                                             "--target"]),
+          ("is-out", "{new}", ["--out {new} is the same path as --checkpoint-dir {new}",
+                               "must not overwrite an output"]),
+          ("inside-out", "{new}/ck", ["--out {new} contains --checkpoint-dir {new}/ck"]),
+          ("not-a-checkpoint-folder", "{hf}", ["--checkpoint-dir {hf}: holds 'config.json'",
+                                               "not only `draft train` checkpoints"]))],
+    _case("train/out-inside-checkpoint-dir", _with(
+        TRAIN, "--out", "{tmp}/ck/head", "--checkpoint-every", "2", "--checkpoint-dir",
+        "{tmp}/ck", drop=("--out",)), ["--out {tmp}/ck/head lies inside --checkpoint-dir"]),
+    _case("train/default-checkpoint-dir-is-data", _with(
+        TRAIN, "--out", "{tmp}/data-out", "--resume", drop=("--out",)),
+        ["--checkpoint-dir (default) {tmp}/data-out.checkpoints is the same path as --data"],
+        lambda p: p["data"].rename(p["tmp"] / "data-out.checkpoints"),
+        lambda p: p.update(data=p["tmp"] / "data-out.checkpoints")),
+    # resume: the checkpoint's run.json is read before any model is built
+    _case("train/resume-run-json-list", _with(TRAIN, "--resume", "--checkpoint-dir", "{tmp}/ck"),
+          ["step-000000002/run.json: holds a JSON list", "`draft train` checkpoint"],
+          _put("ck/step-000000002/state.pt", b"x"), _put("ck/step-000000002/run.json", "[]")),
+    _case("train/resume-no-run-json", _with(TRAIN, "--resume", "--checkpoint-dir", "{tmp}/ck"),
+          ["step-000000002/run.json: not a `draft train` checkpoint's run record"],
+          _put("ck/step-000000002/state.pt", b"x")),
+    _case("train/resume-other-lr", _with(TRAIN, "--resume", "--checkpoint-dir", "{tmp}/ck"),
+          ["step-000000002: run setting 'lr' was 0.5, now 0.001"],
+          _put("ck/step-000000002/state.pt", b"x"),
+          _put("ck/step-000000002/run.json", json.dumps({"lr": 0.5}))),
+    _case("train/earlier-checkpoints-without-resume", _with(
+        TRAIN, "--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/ck"),
+        ["holds checkpoints of an earlier run; pass --resume"],
+        _put("ck/step-000000002/state.pt", b"x")),
+    # a damaged manifest: one line naming the field, never an internal error
+    _case("train/manifest-list", TRAIN, ["manifest.json: holds a JSON list, expected an object"],
+          _put("data/manifest.json", "[1]")),
+    _case("train/manifest-capture-text", TRAIN,
+          ["manifest.json: field 'capture' is 'done', expected an object"],
+          _json_edit("data", "manifest.json", capture="done")),
+    _case("train/manifest-shard-entry-index-text", TRAIN,
+          ["manifest.json: field 'capture.samples[0]' is {'index': 'x'",
+           "an integer 'index' >= 0"],
+          lambda p: _edit_capture_entry(p["data"], 0, index="x")),
+    _case("train/manifest-layer-ids-text", TRAIN,
+          ["field 'capture.layer_ids' is '2,3,4,6', expected ascending layer ids"],
+          lambda p: _edit_capture(p["data"], layer_ids="2,3,4,6")),
+    _case("train/manifest-aux-ids-other", TRAIN,
+          ["field 'capture.aux_layer_ids' is [1, 2], expected [2, 3, 4]"],
+          lambda p: _edit_capture(p["data"], aux_layer_ids=[1, 2])),
+    Case("train/world-size-without-torchrun", TRAIN, 2,
+         ("WORLD_SIZE=2 is set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not",
+          "torchrun --nproc-per-node 2"), lambda ws: _env_build(ws, WORLD_SIZE="2")),
+    Case("train/world-size-text", TRAIN, 2, ("WORLD_SIZE='two'", "process count"),
+         lambda ws: _env_build(ws, WORLD_SIZE="two")),
+    # pointless work: nothing (or too little) left to train on
+    _case("train/max-len-keeps-no-response-token", _with(TRAIN, "--ttt-steps", "1",
+                                                         "--max-len", "3"),
+          ["--max-len 3: keeps 0 of 24 response tokens", "--min-train-tokens 1",
+           "nothing trained"]),
+    _case("train/below-min-train-tokens", _with(TRAIN, "--min-train-tokens", "1000"),
+          ["keeps 24 of 24 response tokens", "below --min-train-tokens 1000"]),
+    # shards checked against the capture records before any work
+    _case("train/shard-torn", TRAIN, ["hs_1.safetensors", "bytes, recorded"],
+          lambda p: _truncate(p["data"] / "hidden_states" / "hs_1.safetensors")),
+    _case("train/shard-garbage", TRAIN, ["hs_2.safetensors: unreadable safetensors header"],
+          _put("data/hidden_states/hs_2.safetensors", b"not a shard")),
+    _case("train/shard-one-token-short", TRAIN,
+          ["hs_0.safetensors: hidden_states shape [9, 4, 64], expected [10, 4, 64]"],
+          lambda p: _rewrite_shard(p["data"], 0, tokens=-1)),
+    _case("train/shard-recorded-non-finite", TRAIN,
+          ["1 bad hidden-state shard(s)", "hs_3.safetensors: holds NaN or infinite values "
+           "(recorded by capture)"],
+          lambda p: _record(p["data"], 3, finite=False)),
+    _case("train/shard-rewritten-rehash", _with(TRAIN, "--rehash-shards"),
+          ["hs_1.safetensors: sha256 differs from the recorded one"],
+          lambda p: _rewrite_shard(p["data"], 1, nan=True)),
 ]
+
+
+def _edit_capture(data: Path, **changes) -> None:
+    path = data / "manifest.json"
+    man = json.loads(path.read_text())
+    man["capture"].update(changes)
+    path.write_text(json.dumps(man))
+
+
+def _edit_capture_entry(data: Path, pos: int, **changes) -> None:
+    path = data / "manifest.json"
+    man = json.loads(path.read_text())
+    man["capture"]["samples"][pos].update(changes)
+    path.write_text(json.dumps(man))
+
+
+def _env_build(ws: Workspace, **env: str) -> dict[str, Path]:
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        ws.monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        ws.monkeypatch.setenv(name, value)
+    return _inputs(ws)
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+
+
+def _rewrite_shard(data: Path, index: int, *, tokens: int = 0, nan: bool = False) -> None:
+    """Shard ``index`` written again (same format), ``tokens`` longer/shorter or with a
+    NaN (same size: only a re-hash sees it)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vllm_kimi_ext.train import capture
+
+    path = data / "hidden_states" / f"hs_{index}.safetensors"
+    t = load_file(str(path))
+    n = t["token_ids"].shape[0] + tokens
+    hs, ids = t["hidden_states"][:n].clone(), t["token_ids"][:n].clone()
+    if nan:
+        hs[0, 0, 0] = float("nan")
+    capture._save_shard(path, hs.to(torch.bfloat16), ids)
+
+
+def _record(data: Path, index: int, **changes) -> None:
+    """Change what the capture records say about shard ``index`` (its log line wins)."""
+    log = data / "hidden_states" / "shards.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for rec in lines:
+        if rec["index"] == index:
+            rec.update(changes)
+    log.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
 
 EVAL_CASES: list[Case] = [
     *_numbers("eval", EVAL, [
@@ -546,11 +682,28 @@ EVAL_CASES: list[Case] = [
           ["--data {missing}: no such folder"]),
     _case("eval/data-not-captured", EVAL, ["no capture section"],
           _drop("data", "manifest.json")),
-    _case("eval/data-no-shards", EVAL, ["no complete hidden-state shard"],
+    _case("eval/data-no-shards", EVAL, ["hs_0.safetensors: recorded by capture but missing"],
           _drop("data", "hidden_states")),
     _case("eval/data-other-target", EVAL, ["captured with hidden_size 64"],
           _json_edit("target", hidden_size=32)),
     _case("eval/k-text", _with(EVAL, "-k", "three"), ["-k", "three"]),
+    _case("eval/k-longer-than-every-sample", _with(EVAL, "-k", "40"),
+          ["-k 40 --max-len 16384: no chain of 40 response tokens fits any of the 4 samples",
+           "nothing evaluated"]),
+    _case("eval/max-len-leaves-no-position", _with(EVAL, "--max-len", "5"),
+          ["-k 3 --max-len 5: no chain of 3 response tokens", "nothing evaluated"]),
+    _case("eval/chunk-zero", _with(EVAL, "--chunk", "0"), ["--chunk", ">= 1"]),
+    _case("eval/manifest-hidden-size-text", EVAL,
+          ["field 'capture.hidden_size' is '64', expected an integer >= 1"],
+          lambda p: _edit_capture(p["data"], hidden_size="64")),
+    _case("eval/manifest-shard-bytes-text", EVAL,
+          ["field 'capture.samples[1].bytes' is 'big', expected an integer >= 0"],
+          lambda p: _edit_capture_entry(p["data"], 1, bytes="big")),
+    _case("eval/shard-torn", EVAL, ["hs_1.safetensors", "bytes, recorded"],
+          lambda p: _truncate(p["data"] / "hidden_states" / "hs_1.safetensors")),
+    _case("eval/shard-rewritten-rehash", _with(EVAL, "--rehash-shards"),
+          ["hs_2.safetensors: sha256 differs from the recorded one"],
+          lambda p: _rewrite_shard(p["data"], 2, nan=True)),
 ]
 
 BILL_CASES: list[Case] = [
@@ -564,7 +717,29 @@ BILL_CASES: list[Case] = [
         ("--prefill-tok-s", "0", "> 0"), ("--prefill-tok-s", "nan", "finite"),
         ("--ttt-steps", "0", "in [1, 64]"), ("--epochs", "0", "> 0"), ("--epochs", "-1", "> 0"),
         ("--alt-step-cost", "0", "> 0"), ("--alt-step-cost", "-1", "> 0"),
+        ("--disk-read-gb-s", "0", "> 0"), ("--disk-read-gb-s", "-7", "> 0"),
+        ("--disk-read-gb-s", "nan", "finite"), ("--max-len", "1", ">= 2"),
     ]),
+    *[_case(f"bill/measured-train-{name}", _with(BILL, "--measured-train", "{tmp}/t.json"),
+            ["{tmp}/t.json", *words], _put("t.json", content))
+      for name, content, words in (
+          ("negative-rate", '{"tokens_per_s": -120.5}',
+           ["field 'tokens_per_s' is -120.5, expected a finite number > 0"]),
+          ("zero-rate", '{"tokens_per_s": 0}', ["field 'tokens_per_s' is 0"]),
+          ("text-rate", '{"tokens_per_s": "fast"}', ["field 'tokens_per_s' is 'fast'"]),
+          ("boolean-rate", '{"tokens_per_s": true}', ["field 'tokens_per_s' is True"]),
+          ("list", "[1, 2]", ["holds a JSON list, expected training.json's object"]))],
+    _case("bill/measured-generation-rate-text", _with(BILL, "--measured", "{data}"),
+          ["manifest.json: field 'generation.measured.tokens_per_s' is 'x'"],
+          _json_edit("data", "manifest.json", generation={"measured": {"tokens_per_s": "x"}})),
+    _case("bill/measured-capture-seconds-negative", _with(BILL, "--measured", "{data}"),
+          ["manifest.json: field 'capture.measured.seconds' is -3"],
+          lambda p: _edit_capture(p["data"], measured={"tokens": 10, "seconds": -3})),
+    _case("bill/measured-capture-not-object", _with(BILL, "--measured", "{data}"),
+          ["manifest.json: field 'capture' is 'done', expected an object"],
+          _json_edit("data", "manifest.json", capture="done")),
+    _case("bill/clean-disk-bound", _with(BILL, "--disk-read-gb-s", "0.01"),
+          ["DISK-BOUND: the shard store, not the GPUs, bounds training"], code=0),
     *[_case(f"bill/gain-fraction-{v}", _with(BILL, "--gain-fraction", v, drop=("--prompts",)),
             ["--gain-fraction", "in (0, 1)"]) for v in ("0", "1", "1.5", "-0.1", "nan")],
     _case("bill/n-half-zero", _with(BILL, "--gain-fraction", "0.5", "--n-half", "0",

@@ -391,3 +391,51 @@ def test_progress_bar_advances_over_the_corpus_bytes(tmp_path, capsys):
     shown = {int(p) for p in __import__("re").findall(r"long\.txt:\s+(\d+)%", err)}
     assert any(0 < p < 100 for p in shown), err  # redrawn part-way, not only at the ends
     assert "5.40k" in err  # total = the file's 5400 bytes
+
+
+def test_a_leftover_whose_pid_was_reused_is_stale_and_a_held_one_is_kept(tmp_path):
+    """A process id alone does not say a leftover is alive: ids are reused. A writer
+    holds an flock on its folders, so an unheld folder under a live id (here: this test's
+    parent process, which writes nothing there) is removed, and a folder a running writer
+    holds is kept; what was done is reported."""
+    import os
+    import subprocess
+    import sys
+
+    from vllm_kimi_ext.drafts.shrink_vocab.output_dir import clean_stale
+
+    reused = tmp_path / f".out.shrink-vocab-tmp-{os.getppid()}"
+    reused.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "d = sys.argv[1] + f'/.held.draft-train-tmp-{os.getpid()}'\n"
+        "os.mkdir(d); fd = os.open(d, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print(d, flush=True); time.sleep(60)\n"), str(tmp_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        held = Path(holder.stdout.readline().strip())
+        done = clean_stale(tmp_path)
+        assert not reused.exists() and held.exists()
+        assert done == [f"removed {reused} (left by a run that is no longer running)"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert clean_stale(tmp_path) == [f"removed {held} (left by a run that is no longer "
+                                     "running)"]
+
+
+def test_a_restored_output_is_reported_on_stderr(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    moved = tmp_path / f".small-head.shrink-vocab-old-{int(dead.stdout)}"
+    moved.mkdir()
+    (moved / "config.json").write_text("{}")
+    with pytest.raises(sv.ShrinkVocabError):  # the head is missing: refused after cleanup
+        sv.check_inputs(tmp_path / "no-head", [tmp_path / "c.txt"], tmp_path / "small-head")
+    err = capsys.readouterr().err
+    assert f"shrink-vocab: restored {tmp_path / 'small-head'} from {moved.name} (an earlier " \
+        "run was killed while replacing it)" in err
+    assert (tmp_path / "small-head" / "config.json").exists()

@@ -110,3 +110,25 @@ def test_pilot_measurements_feed_the_bill(tmp_path):
     m = b.load_measured(tmp_path, train_json)
     assert m == {"prompt_tokens": 200.0, "response_tokens": 200.0, "decode_tokens_per_s": 250.0,
                  "prefill_tokens_per_s": 1600.0, "train_tokens_per_s": 4000.0}
+
+
+def test_shard_store_read_rate_and_the_disk_bound_by_hand():
+    traffic = b.Traffic(prompts=1000, prompt_tokens=500, response_tokens=500)
+    # measured 10 000 tok/s x 57352 B/token = 573.52 MB/s against a 0.5 GB/s store
+    bill = b.compute_bill(traffic, decode_tokens_per_s=1.0, prefill_tokens_per_s=1.0,
+                          measured_train_tokens_per_s=10_000.0,
+                          disk_read_bytes_per_s=0.5e9, tokens_per_step=16384)
+    assert bill.disk_read_bytes_per_step == 16384 * 57352
+    assert bill.disk_read_bytes_per_s_needed == pytest.approx(10_000 * 57352)
+    assert bill.disk_bound
+    # 1e6 tokens x 57352 B at 0.5 GB/s = 114.704 s: longer than the GPUs' 100 s
+    assert bill.train_hours_at_disk_rate == pytest.approx(1e6 * 57352 / 0.5e9 / 3600)
+    assert bill.box_hours == pytest.approx(bill.regenerate_hours + bill.capture_hours
+                                           + bill.train_hours_at_disk_rate)
+    assert "DISK-BOUND" in b.format_bill(bill)
+    fast = b.compute_bill(traffic, decode_tokens_per_s=1.0, prefill_tokens_per_s=1.0,
+                          measured_train_tokens_per_s=10_000.0, disk_read_bytes_per_s=1e9)
+    assert not fast.disk_bound and "DISK-BOUND" not in b.format_bill(fast)
+    online = b.compute_bill(traffic, decode_tokens_per_s=1.0, prefill_tokens_per_s=1.0,
+                            online=True, disk_read_bytes_per_s=1.0)
+    assert not online.disk_bound and online.train_hours_at_disk_rate == 0

@@ -52,6 +52,7 @@ def test_skip_batches_leaves_out_the_first_batches_only():
 
 def _payload(step: int) -> dict:
     return {"run": {"lr": 1e-3}, "model": {"w": torch.full((2,), float(step))},
+            "optimizer": {}, "scheduler": {}, "best": None,
             "loop": {"step": step}, "rng": [runstate.rng_state()]}
 
 
@@ -140,3 +141,69 @@ def test_samples_read_without_token_ids_keep_lengths_masks_and_find_their_line(t
         assert layout.with_tokens(tmp_path, b) == a
     with pytest.raises(RuntimeError, match="without its token ids"):
         light[0].input_ids  # noqa: B018 - the property raises
+
+
+class _Seeded:
+    """A capture backend writing seeded states; ``offset`` changes every value."""
+
+    hidden_size, num_hidden_layers = 8, 3
+    description = {"backend": "test", "target": "t", "tensor_parallel_size": 1}
+
+    def __init__(self, offset: float = 0.0):
+        self.offset = offset
+
+    def capture(self, samples, layer_ids, paths, dtype):
+        from vllm_kimi_ext.train import capture
+
+        for s, p in zip(samples, paths):
+            g = torch.Generator().manual_seed(s.index)
+            hs = torch.randn(s.num_tokens, len(layer_ids), 8, generator=g) + self.offset
+            capture._save_shard(p, hs.to(torch.bfloat16), torch.tensor(s.input_ids))
+
+
+def _identity(data, target, samples):
+    from vllm_kimi_ext.train import trainer
+    from vllm_kimi_ext.train.settings import TrainConfig
+
+    return trainer.run_identity(TrainConfig(), data_dir=data, target_dir=target, init=None,
+                                samples=samples, val=[], world=1)
+
+
+def test_resume_identity_is_content_not_paths(tmp_path):
+    """A data folder (and target) moved elsewhere keeps the run's identity, so a resume
+    goes on; shards re-captured with other values, or a changed target file, do not."""
+    import json
+    import shutil
+
+    from vllm_kimi_ext.train import capture, layout
+
+    data, target = tmp_path / "a" / "data", tmp_path / "a" / "target"
+    layout.append_samples(data, [_sample(i) for i in range(3)])
+    capture.capture(data, _Seeded(), layer_ids=[1, 3], progress=False, log=lambda _m: None)
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    (target / "model.safetensors").write_bytes(b"w" * 64)
+    saved = _identity(data, target, layout.read_samples(data, tokens=False))
+    ck = tmp_path / "ck" / "step-000000002"
+    ck.mkdir(parents=True)
+    (ck / "run.json").write_text(json.dumps(saved))
+    (ck / runstate.STATE_FILE).write_bytes(b"weights")  # what makes it a checkpoint
+
+    moved = tmp_path / "elsewhere"
+    shutil.move(tmp_path / "a", moved)
+    data, target = moved / "data", moved / "target"
+    now = _identity(data, target, layout.read_samples(data, tokens=False))
+    assert now == saved
+    runstate.check_resume_identity(tmp_path / "ck", now)  # resumes
+
+    for shard in (data / "hidden_states").glob("hs_*.safetensors"):
+        shard.unlink()
+    capture.capture(data, _Seeded(offset=1.0), layer_ids=[1, 3], progress=False,
+                    log=lambda _m: None)
+    rewritten = _identity(data, target, layout.read_samples(data, tokens=False))
+    with pytest.raises(DataError, match=r"run setting 'train_data' was .* \(the training "
+                                        "samples or their shards differ"):
+        runstate.check_resume_identity(tmp_path / "ck", rewritten)
+    (target / "model.safetensors").write_bytes(b"w" * 65)
+    other_target = _identity(data, target, layout.read_samples(data, tokens=False))
+    assert other_target["target_content"] != saved["target_content"]

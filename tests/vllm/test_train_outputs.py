@@ -121,7 +121,9 @@ def test_a_full_disk_during_the_export_leaves_the_previous_out(inputs, previous,
 
     monkeypatch.setattr(st, "save_file", full_disk)
     code, err = _train(inputs, out, "--force", "--seed", "2", capsys=capsys)
-    assert code == 2 and "No space left on device" in err and "Traceback" not in err, err
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{out}: no space left on the device while writing draft (about " in err, err
+    assert "needed" in err and len(err.strip().splitlines()) == 1, err
     assert _files(out) == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["draft"]
 

@@ -63,6 +63,10 @@ TRAIN_MFU = 0.3
 N_HALF_SAMPLES = 69_000
 
 
+#: ASSUMPTION (settings.Bill.disk_read_gb_s): sequential read rate of the shard store.
+DISK_READ_BYTES_PER_S = settings.Bill.disk_read_gb_s * 1e9
+
+
 @dataclasses.dataclass(frozen=True)
 class Traffic:
     prompts: int
@@ -148,6 +152,18 @@ class Bill:
     train_gpu_hours_measured: float | None
     box_gpus: int
     sources: dict
+    #: the shard store: bytes one rank reads per step (a full step of packed tokens), the
+    #: read rate the training rate needs on every GPU together, the store's rate, and
+    #: the training hours if the store's rate is the limit
+    disk_read_bytes_per_step: float = 0.0
+    disk_read_bytes_per_s_needed: float = 0.0
+    disk_read_bytes_per_s: float = DISK_READ_BYTES_PER_S
+    train_hours_at_disk_rate: float = 0.0
+
+    @property
+    def disk_bound(self) -> bool:
+        """Does the shard store, not the GPUs, bound the training rate?"""
+        return self.disk_read_bytes_per_s_needed > self.disk_read_bytes_per_s
 
     @property
     def box_hours(self) -> float:
@@ -155,11 +171,13 @@ class Bill:
         training, taking the measured training rate, else the reference one."""
         train = self.train_gpu_hours_measured if self.train_gpu_hours_measured is not None \
             else self.train_gpu_hours_reference
-        return self.regenerate_hours + self.capture_hours + train / self.box_gpus
+        train_hours = max(train / self.box_gpus, self.train_hours_at_disk_rate)
+        return self.regenerate_hours + self.capture_hours + train_hours
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["box_hours"] = self.box_hours
+        d["disk_bound"] = self.disk_bound
         return d
 
 
@@ -177,11 +195,18 @@ def compute_bill(
     measured_train_tokens_per_s: float | None = None,
     epochs: float = TrainConfig.epochs,
     sources: dict | None = None,
+    disk_read_bytes_per_s: float = DISK_READ_BYTES_PER_S,
+    tokens_per_step: int = TrainConfig.max_len,
 ) -> Bill:
     """The bill for ``traffic``; GPU-hours are RTX-PRO-6000-class GPU hours
-    (``box_gpu_tflops`` dense bf16 each), H200 figures scaled by the rate ratio."""
-    if decode_tokens_per_s <= 0 or prefill_tokens_per_s <= 0:
-        raise DataError("decode and prefill rates must be > 0")
+    (``box_gpu_tflops`` dense bf16 each), H200 figures scaled by the rate ratio.
+
+    Offline training reads every token's hidden states from the shard store once per
+    epoch: at the training rate (measured, else the FLOPs estimate on ``box_gpus``)
+    that is ``rate x bytes_per_token`` per second, compared with
+    ``disk_read_bytes_per_s``; the slower of the two bounds the training hours."""
+    if min(decode_tokens_per_s, prefill_tokens_per_s, disk_read_bytes_per_s) <= 0:
+        raise DataError("decode, prefill and disk read rates must be > 0")
     bpt = hidden_bytes_per_token(head["hidden"], head["num_aux"])
     per_sample = traffic.prompt_tokens + traffic.response_tokens
     disk = (min(traffic.prompts, staging_samples) if online else traffic.prompts) \
@@ -196,8 +221,17 @@ def compute_bill(
     gpu_h_meas = None
     if measured_train_tokens_per_s:
         gpu_h_meas = traffic.tokens * epochs / measured_train_tokens_per_s / 3600
+    train_rate = measured_train_tokens_per_s or \
+        box_gpus * box_gpu_tflops * 1e12 * TRAIN_MFU / draft_train_flops_per_token(head,
+                                                                                 ttt_steps)
+    read = 0.0 if online else disk_read_bytes_per_s  # online: states come from the target
     return Bill(traffic, bpt, disk, decode_tokens_per_s, prefill_tokens_per_s, regen_h,
-                capture_h, gpu_h_flops, gpu_h_ref, gpu_h_meas, box_gpus, sources or {})
+                capture_h, gpu_h_flops, gpu_h_ref, gpu_h_meas, box_gpus, sources or {},
+                disk_read_bytes_per_step=0.0 if online else tokens_per_step * bpt,
+                disk_read_bytes_per_s_needed=0.0 if online else train_rate * bpt,
+                disk_read_bytes_per_s=read,
+                train_hours_at_disk_rate=0.0 if online else
+                traffic.tokens * epochs * bpt / disk_read_bytes_per_s / 3600)
 
 
 def fine_tune_vs_switch(tau_now: float, tau_after: float, tau_alt: float, box_hours: float,
@@ -232,24 +266,67 @@ def load_measured(data_dir: str | Path | None, train_json: str | Path | None) ->
             out["prompt_tokens"] = sum(s.prompt_len for s in samples) / len(samples)
             out["response_tokens"] = sum(s.output_len for s in samples) / len(samples)
         man = layout.read_manifest(data_dir)
-        gen = (man.get("generation") or {}).get("measured") or {}
-        if gen.get("tokens_per_s"):
-            out["decode_tokens_per_s"] = float(gen["tokens_per_s"])
-        cap = (man.get("capture") or {}).get("measured") or {}
-        if cap.get("seconds"):
-            out["prefill_tokens_per_s"] = cap["tokens"] / cap["seconds"]
+        where = Path(data_dir) / layout.MANIFEST
+        gen = _section(_section(man, "generation", where), "measured", where, "generation.")
+        if gen.get("tokens_per_s") is not None:
+            out["decode_tokens_per_s"] = _rate(gen["tokens_per_s"], where,
+                                               "generation.measured.tokens_per_s")
+        cap = _section(_section(man, "capture", where), "measured", where, "capture.")
+        if cap.get("seconds") is not None:
+            out["prefill_tokens_per_s"] = (
+                _rate(cap.get("tokens"), where, "capture.measured.tokens")
+                / _rate(cap["seconds"], where, "capture.measured.seconds"))
     if train_json:
         try:
             rec = json.loads(Path(train_json).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise DataError(f"--measured-train {train_json}: {exc}") from None
-        if rec.get("tokens_per_s"):
-            out["train_tokens_per_s"] = float(rec["tokens_per_s"])
+        if not isinstance(rec, dict):
+            raise DataError(f"--measured-train {train_json}: holds a JSON "
+                            f"{type(rec).__name__}, expected training.json's object",
+                            file=str(train_json))
+        if rec.get("tokens_per_s") is not None:
+            out["train_tokens_per_s"] = _rate(rec["tokens_per_s"], train_json, "tokens_per_s")
     return out
 
 
+def _section(obj: dict, key: str, where: Path, prefix: str = "") -> dict:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: field {prefix + key!r} is {value!r}, expected an object",
+                        file=str(where), field=prefix + key)
+    return value
+
+
+def _rate(value, where, field: str) -> float:
+    """A measured figure: a finite number > 0 (a negative rate would bill negative hours)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
+        raise DataError(f"{where}: field {field!r} is {value!r}, expected a finite number > 0",
+                        file=str(where), field=field, expected="a finite number > 0")
+    return float(value)
+
+
+def _disk_line(bill: Bill) -> str:
+    from vllm_kimi_ext.user_input import human_bytes
+
+    if not bill.disk_read_bytes_per_s:
+        return "shard store: not read (online: hidden states streamed to the trainer)"
+    rate = "measured" if bill.train_gpu_hours_measured is not None else "FLOPs estimate's"
+    line = (f"shard store: {human_bytes(bill.disk_read_bytes_per_step)} read per step and "
+            f"rank; training at the {rate} rate needs "
+            f"{human_bytes(bill.disk_read_bytes_per_s_needed)}/s, the store gives "
+            f"{human_bytes(bill.disk_read_bytes_per_s)}/s")
+    if bill.disk_bound:
+        return line + (f" -> DISK-BOUND: the shard store, not the GPUs, bounds training "
+                       f"({bill.train_hours_at_disk_rate:.1f} h at its rate)")
+    return line
+
+
 def format_bill(bill: Bill, cmp: dict | None = None) -> str:
-    from .capture import human_bytes
+    from vllm_kimi_ext.user_input import human_bytes
 
     t = bill.traffic
     lines = [
@@ -264,6 +341,7 @@ def format_bill(bill: Bill, cmp: dict | None = None) -> str:
         f"{bill.train_gpu_hours_flops:.0f} GPU-h (FLOPs at MFU {TRAIN_MFU})"
         + (f", {bill.train_gpu_hours_measured:.0f} GPU-h (measured rate)"
            if bill.train_gpu_hours_measured is not None else ""),
+        _disk_line(bill),
         f"box busy: {bill.box_hours:.1f} h on {bill.box_gpus} GPUs",
     ]
     if cmp:

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from vllm_kimi_ext.user_input import disk_full_refusal, human_bytes
+
 from . import layout
 from .layout import DataError, Sample
 from .settings import Capture
@@ -74,14 +76,6 @@ def estimate_disk(samples: Sequence[Sample], num_layers: int, hidden_size: int,
         len(samples) * SHARD_HEADER_BYTES
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000.0
-    raise AssertionError
-
-
 class Backend(Protocol):
     description: dict
     hidden_size: int
@@ -96,9 +90,13 @@ def _save_shard(path: Path, hidden, token_ids) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"hidden_states": hidden.contiguous(), "token_ids": token_ids.contiguous()},
-              str(tmp))
-    os.replace(tmp, path)
+    try:
+        save_file({"hidden_states": hidden.contiguous(), "token_ids": token_ids.contiguous()},
+                  str(tmp))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no torn temporary file stays
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _verified(data_dir: Path, samples: Sequence[Sample], num_layers: int, hidden: int,
@@ -108,6 +106,7 @@ def _verified(data_dir: Path, samples: Sequence[Sample], num_layers: int, hidden
     from concurrent.futures import ThreadPoolExecutor
 
     shaped = [s for s in samples if s.index in records
+              and records[s.index].get("finite") is not False  # NaN: capture again
               and layout.captured(data_dir, s, num_layers, hidden)]
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         ok = pool.map(lambda s: layout.shard_matches(data_dir, s.index, records[s.index]),
@@ -202,15 +201,20 @@ def capture(
     t0 = time.perf_counter()
     for start in range(0, len(todo), batch_size):
         chunk = [layout.with_tokens(data_dir, s) for s in todo[start:start + batch_size]]
-        backend.capture(chunk, ids, [layout.hidden_path(data_dir, s.index) for s in chunk],
-                        dtype)
-        written = [layout.shard_record(data_dir, s.index) for s in chunk]
-        with layout.manifest_lock(data_dir):  # other --shard processes append to the log too
-            layout.append_shard_records(data_dir, written)
+        paths = [layout.hidden_path(data_dir, s.index) for s in chunk]
+        # a full disk: the shards of this chunk are removed (none is recorded), the
+        # earlier ones stay recorded and a rerun resumes after them
+        with disk_full_refusal(data_dir / layout.HIDDEN_DIR, estimate_disk(
+                todo[start:], len(ids), h, dtype), cleanup=paths, what="writing shards"):
+            backend.capture(chunk, ids, paths, dtype)
+            written = [layout.shard_record(data_dir, s.index) for s in chunk]
+            with layout.manifest_lock(data_dir):  # other --shard processes append too
+                layout.append_shard_records(data_dir, written)
         bar.update(len(chunk))
     bar.close()
     elapsed = time.perf_counter() - t0
-    with layout.manifest_lock(data_dir):
+    with layout.manifest_lock(data_dir), disk_full_refusal(
+            data_dir / layout.MANIFEST, None, what="writing the manifest"):
         return _write_capture_section(data_dir, backend, all_samples, todo, ids, h, dtype,
                                       elapsed)
 
@@ -224,7 +228,8 @@ def _write_capture_section(data_dir, backend, samples, todo, ids, h, dtype, elap
     entries = [{"index": s.index, "prompt_hash": s.prompt_hash, "source": s.source,
                 "file": str(layout.hidden_path(data_dir, s.index).relative_to(data_dir)),
                 "shape": [s.num_tokens, len(ids), h], "loss_tokens": s.num_loss_tokens,
-                "bytes": records[s.index]["bytes"], "sha256": records[s.index]["sha256"]}
+                "bytes": records[s.index]["bytes"], "sha256": records[s.index]["sha256"],
+                "finite": records[s.index].get("finite")}
                for s in done]
     section = dict(backend.description, layer_ids=ids, aux_layer_ids=ids[:-1],
                    last_layer_id=ids[-1], dtype=dtype, hidden_size=h,

@@ -50,6 +50,13 @@ def _add_hf_model(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--gguf-file", default=None, help="GGUF file name inside --hf-model")
 
 
+def _add_rehash(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rehash-shards", action="store_true",
+                   help="before any work, read every hidden-state shard again to compare "
+                        "its sha256 and finiteness with what capture recorded (default: "
+                        "header, shape, size and the recorded flags only)")
+
+
 def _add_trust_remote_code(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the Python code a checkpoint ships (its config's auto_map), as "
@@ -61,10 +68,21 @@ def load_hf(model_dir: str, gguf_file: str | None = None, *, trust_remote_code: 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vllm_kimi_ext.user_input import UserInputError, one_line
+
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code, **kw)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code, **kw)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code,
+                                            **kw)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                     trust_remote_code=trust_remote_code, **kw)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # files missing or unusable
+        detail = one_line(str(exc)) or type(exc).__name__
+        raise UserInputError(
+            f"--hf-model {model_dir}: transformers cannot load a tokenizer and causal LM "
+            f"from it ({detail[:200]}{'...' if len(detail) > 200 else ''})",
+            file=str(model_dir), field="--hf-model",
+            expected="a transformers model folder (config, tokenizer, weights)") from None
     return model.eval(), tok
 
 
@@ -233,6 +251,7 @@ def _register_train(sub) -> None:
     add_flags(p, settings.TrainConfig)
     add_flags(p, settings.Holdout)
     _add_train_scale_flags(p)
+    _add_rehash(p)
     _add_trust_remote_code(p)
     p.set_defaults(func=run_train)
 
@@ -281,6 +300,7 @@ def _register_eval(sub) -> None:
     add_flags(p, settings.Holdout)
     p.add_argument("--split", choices=("heldout", "train", "all"), default="all")
     p.add_argument("--json", action="store_true")
+    _add_rehash(p)
     _add_trust_remote_code(p)
     p.set_defaults(func=run_eval)
 
@@ -296,20 +316,27 @@ def _warn_eval_cut(results: dict, max_len: int) -> None:
                   "not evaluated", file=sys.stderr)
 
 
+def _stderr(msg: str) -> None:
+    import sys
+
+    print(msg, file=sys.stderr)
+
+
 def run_eval(args) -> int:
-    from . import layout
-    from .evaluate import evaluate, format_table
+    from . import layout, trainer
+    from .evaluate import check_chains, evaluate, format_table
 
     check_args("eval", args)
     samples = layout.read_samples(args.data, tokens=False)
     held = holdout_hashes(samples, args.holdout_every)
     pick = {"all": lambda s: True, "heldout": lambda s: s.prompt_hash in held,
             "train": lambda s: s.prompt_hash not in held}[args.split]
-    cap = layout.read_manifest(args.data).get("capture") or {}
-    chosen = [s for s in samples if pick(s) and layout.captured(
-        args.data, s, len(cap.get("layer_ids", [])), cap.get("hidden_size", 0))]
+    cap = trainer.capture_settings(args.data)
+    chosen = trainer.captured_samples(args.data, [s for s in samples if pick(s)], cap,
+                                      log=_stderr, what="eval")
+    check_chains(chosen, args.k, args.max_len)  # before any model is built
     results = {d: evaluate(args.data, args.target, d, samples=chosen, k=args.k,
-                           max_len=args.max_len, device=args.device,
+                           max_len=args.max_len, chunk=args.chunk, device=args.device,
                            trust_remote_code=args.trust_remote_code)
                for d in args.draft}
     _warn_eval_cut(results, args.max_len)
@@ -342,7 +369,8 @@ def _register_bill(sub) -> None:
                    help="tau of today's draft on your traffic (draft eval / serving logs)")
     p.add_argument("--tau-after", type=float, default=None, help="expected tau after fine-tuning")
     p.add_argument("--tau-alt", type=float, default=None, help="tau of the other public draft")
-    add_flags(p, settings.Bill, only=("alt_step_cost",))
+    add_flags(p, settings.Bill, only=("alt_step_cost", "disk_read_gb_s"))
+    add_flags(p, settings.TrainConfig, only=("max_len",))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_bill)
 
@@ -381,7 +409,8 @@ def run_bill(args) -> int:
                             online=args.online, ttt_steps=args.ttt_steps, epochs=args.epochs,
                             **box_kw,
                             measured_train_tokens_per_s=measured.get("train_tokens_per_s"),
-                            sources=sources)
+                            sources=sources, disk_read_bytes_per_s=args.disk_read_gb_s * 1e9,
+                            tokens_per_step=args.max_len)
     cmp = None
     if args.tau_now is not None and args.tau_after is not None:
         cmp = b.fine_tune_vs_switch(args.tau_now, args.tau_after,

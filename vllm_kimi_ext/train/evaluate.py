@@ -178,6 +178,45 @@ def _target_head(target_dir: Path):
     return w.get("lm_head.weight", w["embed_tokens.weight"])
 
 
+def chain_starts(loss_mask: Sequence[int], n: int, k: int) -> list[int]:
+    """Shifted positions ``i`` whose chain counts: its ``k`` predicted tokens
+    ``i + 2 .. i + 1 + k`` all exist (``< n``, the evaluated window) and are response
+    tokens. A window shorter than ``k + 2`` tokens has none."""
+    return [i for i in range(max(0, n - k - 1)) if all(loss_mask[i + 2: i + 2 + k])]
+
+
+def countable_chains(samples: Sequence[Sample], k: int, max_len: int) -> int:
+    """Chains :func:`evaluate` would score over ``samples`` (read without the model)."""
+    return sum(len(chain_starts(s.loss_mask, min(s.num_tokens, max_len), k))
+               for s in samples)
+
+
+def peak_bytes(chunk: int, vocab: int) -> int:
+    """The scoring's peak beyond the draft's own forward: about four fp32 ``[chunk,
+    vocab]`` tensors alive at once (the target's logits, their fp32 copy, ``p`` and
+    ``min(p, q)``), whatever the sample's length."""
+    return 4 * 4 * chunk * vocab
+
+
+def _capture_input():
+    """A module to stand in for the draft's ``lm_head`` during its forward: it keeps
+    each depth's input (``[1, T, hidden]``, in ``.inputs``) and returns one zero logit
+    per position, so the forward never holds ``[T, vocab]`` logits (teacher forcing
+    feeds the target's tokens, not the draft's argmax, to the next depth)."""
+    import torch
+
+    class CaptureInput(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inputs: list = []
+
+        def forward(self, x):
+            self.inputs.append(x.detach())
+            return x.new_zeros(*x.shape[:-1], 1)
+
+    return CaptureInput()
+
+
 def evaluate(
     data_dir: str | Path,
     target_dir: str | Path,
@@ -186,6 +225,7 @@ def evaluate(
     samples: Sequence[Sample] | None = None,
     k: int = Evaluation.k,
     max_len: int = Evaluation.max_len,
+    chunk: int = Evaluation.chunk,
     progress: bool | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
@@ -194,9 +234,12 @@ def evaluate(
     ``"all"`` over ``samples`` (default: every captured sample).
 
     Samples longer than ``max_len`` tokens are cut; each row counts what was cut
-    (``samples_cut``, ``tokens_dropped``, ``loss_tokens_dropped``). On CUDA (the
-    default when present) the draft and the target's head run in bf16 and the
-    probabilities are taken in fp32; on CPU everything is fp32."""
+    (``samples_cut``, ``tokens_dropped``, ``loss_tokens_dropped``). Positions are
+    scored ``chunk`` chain starts at a time (:func:`peak_bytes`). On CUDA (the default
+    when present) the draft and the target's head run in bf16 and the probabilities
+    are taken in fp32; on CPU everything is fp32. Refuses when no chain can be scored
+    (every sample shorter than ``k + 2`` tokens or without ``k`` response tokens in a
+    row)."""
     import torch
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
@@ -205,51 +248,86 @@ def evaluate(
     bridge.require_speculators()
     cap = trainer.capture_settings(data_dir)
     if samples is None:
-        samples = [s for s in layout.read_samples(data_dir, tokens=False)
-                   if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
+        samples = trainer.captured_samples(data_dir, layout.read_samples(data_dir, tokens=False),
+                                           cap, what="eval")
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
+    check_chains(samples, k, max_len)
     dev = trainer.resolve_device(device)
     wdtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model, head = _load_checked(target_dir, draft, cap, k, trust_remote_code, dev, wdtype)
     d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None
     lc = trainer.loss_config(dev)
     dataset = trainer.make_dataset(data_dir, samples, max_len, wdtype)
-    collect: list = []
-    hook = model.lm_head.register_forward_hook(lambda _m, _i, out: collect.append(out[0]))
     per_source: dict[str, Acceptance] = defaultdict(lambda: Acceptance(k))
+    draft_head, capture = model.lm_head, _capture_input()
+    model.lm_head = capture
     try:
         for idx in tqdm(range(len(samples)), desc="eval", unit="sample",
                         disable=None if progress is None else not progress):
             s = samples[idx]
             n = min(s.num_tokens, max_len)
+            acc = per_source[s.source or "data"]
+            acc.count_cut(s, max_len)
+            starts = chain_starts(s.loss_mask[:n], n, k)
+            if not starts:  # too short for a chain of k: nothing to score (nor to run)
+                continue
             batch = CollateFn(n, cap["hidden_size"], num_target_layers=len(cap["aux_layer_ids"]),
                               dtype=wdtype, preprocess=shift_batch)([dataset[idx]])
-            collect.clear()
+            inputs = trainer.model_inputs(batch, dev)
+            inputs.pop("verifier_last_hidden_states")  # no loss: its [T, vocab] targets
+            capture.inputs.clear()
             with torch.no_grad():
-                model(**trainer.model_inputs(batch, dev), ttt_steps=k, loss_config=lc)
-                last = batch["verifier_last_hidden_states"][0].to(dev)
-                p = torch.softmax((model.verifier_norm(last) @ head.T).float(), dim=-1)
-            qs = [torch.softmax(logits.float(), dim=-1) for logits in collect[:k]]
-            # shifted position i predicts original token i + 2; a chain counts when its k
-            # tokens i + 2 .. i + 1 + k all exist (< n) and are response tokens
-            mask = torch.tensor(s.loss_mask[:n], dtype=torch.bool)
-            m = p.shape[0]
-            valid = torch.zeros(m, dtype=torch.bool)
-            for i in range(m - (k - 1)):
-                valid[i] = bool(mask[i + 2: i + 2 + k].all()) and i + 1 + k < n
-            alpha, greedy = chain_acceptance(p, qs, valid.to(dev), d2t)
-            acc = per_source[s.source or "data"]
-            acc.add(alpha, greedy, greedy_draft_acceptance(p, qs, valid.to(dev), d2t))
-            acc.count_cut(s, max_len)
+                model(**inputs, ttt_steps=k, loss_config=lc)
+                last = model.verifier_norm(batch["verifier_last_hidden_states"][0].to(dev))
+                hidden = [h[0] for h in capture.inputs[:k]]
+                for c in range(0, len(starts), chunk):
+                    rows = torch.tensor(starts[c:c + chunk], device=dev)
+                    acc.add(*_score(rows, last, head, hidden, draft_head, d2t))
     finally:
-        hook.remove()
+        model.lm_head = draft_head
     total = Acceptance(k)
     for acc in per_source.values():
         total.merge(acc)
     rows = {name: acc.row() for name, acc in sorted(per_source.items())}
     rows["all"] = total.row()
     return rows
+
+
+def check_chains(samples: Sequence[Sample], k: int, max_len: int) -> None:
+    """Refuse an evaluation that would score no chain (tau is >= 1 by definition; 0
+    chains would print tau 0)."""
+    if countable_chains(samples, k, max_len):
+        return
+    longest = max((min(s.num_tokens, max_len) for s in samples), default=0)
+    raise DataError(
+        f"-k {k} --max-len {max_len}: no chain of {k} response tokens fits any of the "
+        f"{len(samples)} samples (a chain needs k + 2 = {k + 2} tokens and k response tokens "
+        f"in a row; the longest evaluated window is {longest} tokens); nothing evaluated "
+        "(lower -k or raise --max-len)", field="-k")
+
+
+def _score(rows, last, head, hidden, draft_head, d2t):
+    """``(alpha, greedy, greedy_draft)``, each ``[len(rows), k]``, for the chains starting
+    at ``rows``: depth ``j`` compares the draft's ``q_j`` at the start with the target's
+    ``p`` ``j`` positions later, both computed for these rows only."""
+    import torch
+
+    k = len(hidden)
+    alpha = torch.zeros(len(rows), k, dtype=torch.float64)
+    greedy = torch.zeros_like(alpha)
+    greedy_draft = torch.zeros_like(alpha)
+    for j in range(k):
+        p = torch.softmax((last[rows + j] @ head.T).float(), dim=-1)
+        q = torch.softmax(draft_head(hidden[j][rows]).float(), dim=-1)
+        alpha[:, j] = sum_min(p, q, d2t).to(torch.float64).cpu()
+        x = q.argmax(-1)
+        if d2t is not None:
+            x = x + d2t.to(x.device)[x]
+        greedy[:, j] = (x == p.argmax(-1)).to(torch.float64).cpu()
+        greedy_draft[:, j] = p.gather(-1, x[:, None])[:, 0].to(torch.float64).cpu()
+        del p, q
+    return alpha, greedy, greedy_draft
 
 
 def _load_checked(target_dir, draft, cap: dict, k: int, trust_remote_code: bool, dev, wdtype):

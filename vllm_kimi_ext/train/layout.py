@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_ext.user_input import UserInputError
+from vllm_kimi_ext.user_input import UserInputError, disk_full_refusal
 
 FORMAT = "vllm-kimi-ext-draft-data/1"
 SAMPLES = "samples.jsonl"
@@ -239,14 +239,24 @@ def with_tokens(data_dir: str | Path, sample: Sample) -> Sample:
 
 
 def append_samples(data_dir: str | Path, samples: Iterable[Sample]) -> None:
-    """Append samples to ``samples.jsonl`` (one flushed line each)."""
+    """Append samples to ``samples.jsonl`` (one flushed line each). A full disk cuts the
+    file back to its last whole line and refuses (:class:`DiskFullError`)."""
     path = Path(data_dir) / SAMPLES
     path.parent.mkdir(parents=True, exist_ok=True)
     _drop_torn_tail(path)
-    with open(path, "a", encoding="utf-8") as fh:
-        for s in samples:
-            fh.write(s.to_json() + "\n")
-            fh.flush()
+    good = path.stat().st_size if path.exists() else 0
+    lines = [(s.to_json() + "\n").encode("utf-8") for s in samples]
+    try:
+        with disk_full_refusal(path, sum(map(len, lines)), what="appending samples"), \
+                open(path, "ab") as fh:
+            for line in lines:
+                fh.write(line)
+                fh.flush()
+                good = fh.tell()
+    except BaseException:
+        with contextlib.suppress(OSError), open(path, "r+b") as fh:
+            fh.truncate(good)  # nothing half-written: the last whole line ends the file
+        raise
 
 
 def _drop_torn_tail(path: Path) -> None:
@@ -263,8 +273,10 @@ def _drop_torn_tail(path: Path) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(obj, indent=1, ensure_ascii=False) + "\n"
+    with disk_full_refusal(path, len(text.encode()), cleanup=[tmp]):
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def read_manifest(data_dir: str | Path) -> dict:
@@ -275,10 +287,61 @@ def read_manifest(data_dir: str | Path) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: holds a JSON {type(manifest).__name__}, expected an object",
+                        file=str(path))
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path}: field 'format' is {manifest.get('format')!r}, expected "
                         f"{FORMAT!r}")
+    for key in ("generation", "capture"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            _bad_field(path, key, manifest[key], "an object")
+    if manifest.get("capture"):
+        _check_capture_section(manifest["capture"], path)
     return manifest
+
+
+def _bad_field(path: Path, field: str, value: Any, expected: str) -> None:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise DataError(f"{path}: field {field!r} is {shown}, expected {expected} (edited or "
+                    "damaged; run `draft capture` again on a new --data)", file=str(path),
+                    field=field, expected=expected)
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _check_capture_section(cap: dict, path: Path) -> None:
+    """The capture section's fields that readers use, where present, have their types:
+    layer ids ascending integers (the aux ids the same without the last), a hidden size
+    >= 1, shard entries objects with an integer index, size and a sha256 string."""
+    for key in ("layer_ids", "aux_layer_ids"):
+        ids = cap.get(key)
+        if ids is not None and (not isinstance(ids, list) or not all(map(_is_count, ids))
+                                or ids != sorted(set(ids))):
+            _bad_field(path, f"capture.{key}", ids, "ascending layer ids (integers >= 0)")
+    ids = cap.get("layer_ids")
+    if ids is not None and len(ids) < 2:
+        _bad_field(path, "capture.layer_ids", ids, "at least 2 ids (aux layers, then the last)")
+    if ids is not None and cap.get("aux_layer_ids") not in (None, ids[:-1]):
+        _bad_field(path, "capture.aux_layer_ids", cap["aux_layer_ids"],
+                   f"{ids[:-1]} (layer_ids without the last)")
+    hidden = cap.get("hidden_size")
+    if hidden is not None and (not _is_count(hidden) or hidden < 1):
+        _bad_field(path, "capture.hidden_size", hidden, "an integer >= 1")
+    entries = cap.get("samples")
+    if entries is not None and not isinstance(entries, list):
+        _bad_field(path, "capture.samples", entries, "a list of shard entries")
+    for pos, entry in enumerate(entries or []):
+        where = f"capture.samples[{pos}]"
+        if not isinstance(entry, dict) or not _is_count(entry.get("index")):
+            _bad_field(path, where, entry, "an object with an integer 'index' >= 0")
+        if "bytes" in entry and not _is_count(entry["bytes"]):
+            _bad_field(path, f"{where}.bytes", entry["bytes"], "an integer >= 0")
+        if "sha256" in entry and not isinstance(entry["sha256"], str):
+            _bad_field(path, f"{where}.sha256", entry["sha256"], "a hex string")
 
 
 @contextlib.contextmanager
@@ -335,10 +398,100 @@ def file_sha256(path: str | Path) -> str:
 
 
 def shard_record(data_dir: str | Path, index: int) -> dict:
-    """``{"index", "file", "bytes", "sha256"}`` of the shard on disk now."""
+    """``{"index", "file", "bytes", "sha256", "shape", "finite"}`` of the shard on disk
+    now: its size and checksum, the ``hidden_states`` shape and whether every value is
+    finite (what train and eval check up front, without reading the shard again)."""
     path = hidden_path(data_dir, index)
+    shape = (safetensors_shapes(path).get("hidden_states") or (None, None))[1]
     return {"index": index, "file": str(path.relative_to(data_dir)),
-            "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+            "bytes": path.stat().st_size, "sha256": file_sha256(path),
+            "shape": list(shape) if shape is not None else None,
+            "finite": shard_is_finite(path)}
+
+
+def shard_is_finite(path: str | Path, rows: int = 4096) -> bool:
+    """Are all of a shard's hidden states finite? Read ``rows`` tokens at a time (a
+    Kimi-scale shard is ~1 GB)."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        sl = fh.get_slice("hidden_states")
+        n = sl.get_shape()[0]
+        return all(bool(torch.isfinite(sl[a:a + rows]).all()) for a in range(0, n, rows))
+
+
+#: Bad shards a refusal names one by one before it only counts the rest.
+NAMED_BAD_SHARDS = 20
+
+
+def shard_problem(data_dir: str | Path, sample: Sample, num_layers: int, hidden_size: int,
+                  record: dict | None, *, rehash: bool = False) -> str | None:
+    """What is wrong with ``sample``'s shard against its capture record (``None``:
+    nothing; a sample without shard and record is "not captured", not a problem):
+    unreadable header, wrong shape, size or (``rehash``) checksum other than recorded,
+    non-finite values as recorded (or, ``rehash``, as read now)."""
+    path = hidden_path(data_dir, sample.index)
+    if not path.is_file():
+        return "recorded by capture but missing" if record else None
+    header = safetensors_shapes(path)
+    hs, ids = header.get("hidden_states"), header.get("token_ids")
+    if not hs or not ids:
+        return "unreadable safetensors header (a torn or foreign file)"
+    want = (sample.num_tokens, num_layers, hidden_size)
+    if tuple(hs[1]) != want or tuple(ids[1]) != (sample.num_tokens,):
+        return f"hidden_states shape {list(hs[1])}, expected {list(want)}"
+    if not record:
+        return "not in the capture records (an interrupted capture; run it again)"
+    size = path.stat().st_size
+    if size != record.get("bytes"):
+        return f"{size} bytes, recorded {record.get('bytes')}"
+    if record.get("finite") is False:
+        return "holds NaN or infinite values (recorded by capture)"
+    if rehash:
+        if file_sha256(path) != record.get("sha256"):
+            return "sha256 differs from the recorded one (rewritten since capture)"
+        if not shard_is_finite(path):
+            return "holds NaN or infinite values"
+    return None
+
+
+def check_shards(data_dir: str | Path, samples: list[Sample], num_layers: int,
+                 hidden_size: int, *, rehash: bool = False, flag: str = "--data"
+                 ) -> tuple[list[Sample], list[Sample]]:
+    """``(captured, not_captured)``: every shard checked against the capture records
+    before any work (:func:`shard_problem`); any bad shard refuses the whole set, naming
+    the first :data:`NAMED_BAD_SHARDS` and counting the rest."""
+    records = shard_records(data_dir)
+    bad, have, missing = [], [], []
+    for s in samples:
+        problem = shard_problem(data_dir, s, num_layers, hidden_size, records.get(s.index),
+                                rehash=rehash)
+        if problem:
+            bad.append(f"{hidden_path(data_dir, s.index).name}: {problem}")
+        elif hidden_path(data_dir, s.index).is_file():
+            have.append(s)
+        else:
+            missing.append(s)
+    if bad:
+        more = len(bad) - NAMED_BAD_SHARDS
+        raise DataError(
+            f"{flag} {data_dir}: {len(bad)} bad hidden-state shard(s) in {HIDDEN_DIR}/: "
+            + "; ".join(bad[:NAMED_BAD_SHARDS]) + (f"; and {more} more" if more > 0 else "")
+            + " (run `draft capture` again: it rewrites every shard that differs from its "
+            "record or holds non-finite values)",
+            file=str(Path(data_dir) / HIDDEN_DIR), field=flag)
+    return have, missing
+
+
+def content_digest(data_dir: str | Path, samples: list[Sample]) -> str:
+    """The identity of the training data, independent of where it lies: each sample's
+    prompt hash, length and recorded shard sha256 (a moved folder keeps it, rewritten
+    contents change it)."""
+    records = shard_records(data_dir)
+    rows = [[s.prompt_hash, s.num_tokens, (records.get(s.index) or {}).get("sha256")]
+            for s in samples]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
 def append_shard_records(data_dir: str | Path, records: Iterable[dict]) -> None:
@@ -357,8 +510,8 @@ def shard_records(data_dir: str | Path) -> dict[int, dict]:
     then the shard log (a later line wins: the shard was written again)."""
     out: dict[int, dict] = {}
     for entry in (read_manifest(data_dir).get("capture") or {}).get("samples") or []:
-        if isinstance(entry, dict) and "sha256" in entry and "bytes" in entry:
-            out[int(entry["index"])] = entry
+        if "sha256" in entry and "bytes" in entry:  # types checked by read_manifest
+            out[entry["index"]] = entry
     log = Path(data_dir) / HIDDEN_DIR / SHARD_LOG
     if log.is_file():
         for line in log.read_text(encoding="utf-8").splitlines():

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -97,8 +98,32 @@ class Ranks:
             torch.distributed.destroy_process_group()
 
 
+#: What torchrun sets for every rank besides ``WORLD_SIZE`` (torch.distributed's env://).
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def world_size_from_env() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    """``WORLD_SIZE`` (1 when unset); refuses a value that is not a count, or a world
+    size set without the rest of a torchrun launch (:func:`check_launch_env`)."""
+    raw = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise DataError(f"WORLD_SIZE={raw!r}: expected a process count >= 1 (torchrun sets "
+                        "it); unset it for a single-process run", field="WORLD_SIZE")
+    world = int(raw)
+    if world > 1:
+        check_launch_env(world)
+    return world
+
+
+def check_launch_env(world: int) -> None:
+    missing = [v for v in LAUNCH_VARIABLES if not os.environ.get(v)]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise DataError(
+            f"WORLD_SIZE={world} is set but {', '.join(missing)} {verb} not: launch "
+            f"data-parallel runs with `torchrun --nproc-per-node {world} "
+            "$(which vllm-kimi-ext) draft train ...`, or unset WORLD_SIZE for one process",
+            field="WORLD_SIZE")
 
 
 def _die_with_parent() -> None:
@@ -258,22 +283,52 @@ def checkpoint_dirs(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def payload_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) checkpoint payload: what writing it needs,
+    give or take the pickled structure."""
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return int(obj.numel() * obj.element_size())
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
+
+
+def foreign_entries(root: str | Path) -> list[str]:
+    """Names in a checkpoint folder that this module did not write (a folder holding
+    any is not a checkpoint folder: pruning old checkpoints there would be wrong)."""
+    ours = re.compile(rf"^(?:{CKPT_PREFIX}\d+|\.{CKPT_PREFIX}\d+\.tmp)$")
+    return sorted(p.name for p in Path(root).iterdir() if not ours.match(p.name))
+
+
 def save_checkpoint(root: str | Path, step: int, payload: dict) -> Path:
     """Write ``payload`` as checkpoint ``step`` (temporary folder, then rename) and drop
     all but the newest :data:`KEEP_CHECKPOINTS`. Rank 0 only."""
     import torch
+
+    from vllm_kimi_ext.user_input import check_free_space, disk_full_refusal
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{CKPT_PREFIX}{step:09d}"
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    with open(tmp / STATE_FILE, "wb") as fh:
-        torch.save(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    (tmp / "run.json").write_text(json.dumps(payload["run"], indent=1, default=str) + "\n")
+    needed = payload_bytes(payload)
+    check_free_space(final, needed, "a checkpoint")
+    # a full disk mid-write: the temporary folder goes, the older checkpoints stay
+    with disk_full_refusal(final, needed, what="writing a checkpoint"):
+        try:
+            tmp.mkdir()
+            with open(tmp / STATE_FILE, "wb") as fh:
+                torch.save(payload, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            (tmp / "run.json").write_text(json.dumps(payload["run"], indent=1, default=str)
+                                          + "\n")
+        except BaseException:  # a full disk, an interrupt: no torn temporary folder stays
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -282,9 +337,15 @@ def save_checkpoint(root: str | Path, step: int, payload: dict) -> Path:
     return final
 
 
+#: What :func:`save_checkpoint` puts in ``state.pt`` (a file without them is another
+#: program's checkpoint).
+PAYLOAD_KEYS = ("run", "model", "optimizer", "scheduler", "loop", "best", "rng")
+
+
 def load_latest(root: str | Path) -> tuple[Path, dict] | None:
     """The newest complete checkpoint under ``root`` (torn temporary folders of a
-    killed run are ignored), or None."""
+    killed run are ignored), or None. A file that is not a ``draft train`` checkpoint
+    is refused, naming it."""
     import torch
 
     found = checkpoint_dirs(root)
@@ -295,14 +356,54 @@ def load_latest(root: str | Path) -> tuple[Path, dict] | None:
         payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint is refused
         raise DataError(f"{path / STATE_FILE}: unreadable checkpoint ({exc})") from None
+    missing = [k for k in PAYLOAD_KEYS if not isinstance(payload, dict) or k not in payload]
+    if missing:
+        raise DataError(f"{path / STATE_FILE}: not a `draft train` checkpoint (no "
+                        f"{', '.join(missing)}); choose another --checkpoint-dir",
+                        file=str(path / STATE_FILE))
     return path, payload
 
 
-def check_same_run(saved: dict, now: dict, where: str) -> None:
+def saved_run(path: Path) -> dict:
+    """The run settings a checkpoint folder records in its ``run.json``."""
+    where = path / "run.json"
+    try:
+        saved = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DataError(f"{where}: not a `draft train` checkpoint's run record ({exc}); "
+                        "choose another --checkpoint-dir", file=str(where)) from None
+    if not isinstance(saved, dict):
+        raise DataError(f"{where}: holds a JSON {type(saved).__name__}, expected the run "
+                        "record of a `draft train` checkpoint", file=str(where))
+    return saved
+
+
+def check_resume_identity(root: str | Path, now: dict) -> None:
+    """Compare the newest checkpoint's ``run.json`` with ``now`` (the settings known
+    before any model is built) so a mismatch is refused before the model and data load;
+    no checkpoint: nothing to compare."""
+    found = checkpoint_dirs(root)
+    if found:
+        path = found[-1][1]
+        check_same_run(saved_run(path), now, str(path), keys=now)
+
+
+#: Run settings that are content digests, and what a change of one means.
+_CONTENT_KEYS = {
+    "train_data": " (the training samples or their shards differ: rewritten, re-captured "
+                  "or another split)",
+    "val_data": " (the validation samples or their shards differ)",
+    "target_content": " (--target's config.json or files differ)",
+    "init_content": " (--init's config.json or files differ)",
+}
+
+
+def check_same_run(saved: dict, now: dict, where: str, keys=None) -> None:
     """Refuse to resume a checkpoint of a run with other settings (the continuation
-    would not be the run it claims to be)."""
-    for key in sorted(set(saved) | set(now)):
+    would not be the run it claims to be); ``keys``: compare only these."""
+    for key in sorted(keys if keys is not None else set(saved) | set(now)):
         if saved.get(key) != now.get(key):
+            why = _CONTENT_KEYS.get(key, "")
             raise DataError(f"{where}: run setting {key!r} was {saved.get(key)!r}, now "
-                            f"{now.get(key)!r}; resume with the same settings or start a "
+                            f"{now.get(key)!r}{why}; resume with the same settings or start a "
                             "new --checkpoint-dir")

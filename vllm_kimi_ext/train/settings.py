@@ -140,6 +140,10 @@ class TrainConfig:
     max_len: int = setting(LONG_SAMPLE, "tokens packed per step and rank; a longer sample is "
                                         "cut, warned about and counted in training.json",
                            type=bounded_int(2, what="a token count"))
+    min_train_tokens: int = setting(
+        1, "refuse to train when fewer response tokens than this survive --max-len and "
+           "--prompt-context (1: refuse only a run that would train on nothing)",
+        metavar="N", type=bounded_int(1, what="a token count"))
     prompt_context: int | None = setting(
         None, "train on at most the last N prompt tokens of each sample")
     ttt_steps: int = setting(3, "draft depths trained (k)")
@@ -184,6 +188,11 @@ class Evaluation:
                            type=bounded_int(2, what="a token count"))
     device: str | None = setting(None, "cpu, cuda or cuda:N (default: cuda in bf16 if "
                                        "available, else cpu in fp32)", type=_device)
+    chunk: int = setting(
+        1024, "chain starts scored at once: the scoring's peak memory is about 16 x CHUNK x "
+              "vocab bytes whatever the sample's length (2.7 GB at 1024 x Kimi-K2.5's 163840), "
+              "plus the draft's forward over the sample", metavar="CHUNK",
+        type=bounded_int(1, what="a position count"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,3 +203,8 @@ class Bill:
     decode_batch: int = setting(64, "concurrent requests while regenerating")
     context: int = setting(4096, "context tokens per request while regenerating")
     alt_step_cost: float = setting(1.0, "the other draft's step time / today's")
+    #: ASSUMPTION: one PCIe 4.0 x4 NVMe drive (vendor datasheets of current drives list
+    #: ~7 GB/s sequential read); a RAID or a network store differs
+    disk_read_gb_s: float = setting(
+        7.0, "sequential read rate of the shard store in GB/s (assumed: one PCIe 4.0 x4 "
+             "NVMe drive's datasheet rate); the bill flags a run the store bounds")

@@ -52,6 +52,8 @@ def capture_settings(data_dir: str | Path) -> dict:
     if not cap:
         raise DataError(f"{Path(data_dir) / layout.MANIFEST}: no capture section "
                         "(run `vllm-kimi-ext draft capture` first)")
+    if isinstance(cap.get("layer_ids"), list):  # an older manifest without the aux ids
+        cap.setdefault("aux_layer_ids", cap["layer_ids"][:-1])
     return cap
 
 
@@ -128,9 +130,12 @@ def first_non_finite(model) -> str | None:
     return None
 
 
-def check_train_data(data_dir: str | Path, target_cfg: dict, *, flag: str = "--data") -> dict:
+def check_train_data(data_dir: str | Path, target_cfg: dict, *, flag: str = "--data",
+                     rehash: bool = False) -> dict:
     """The data directory holds a capture of this target (same hidden size and depth)
-    with at least one complete shard; returns the capture section."""
+    whose shards all match their capture records (:func:`.layout.check_shards`; ``rehash``:
+    checksums and finiteness read again), at least one of them; returns the capture
+    section."""
     cap = capture_settings(data_dir)
     manifest = Path(data_dir) / layout.MANIFEST
     for key, want in (("hidden_size", target_cfg["hidden_size"]),
@@ -144,10 +149,25 @@ def check_train_data(data_dir: str | Path, target_cfg: dict, *, flag: str = "--d
         raise DataError(f"{manifest}: capture section without layer_ids / hidden_size; run "
                         "`draft capture` again")
     samples = layout.read_samples(data_dir, tokens=False)
-    if not any(layout.captured(data_dir, s, len(ids), cap["hidden_size"]) for s in samples):
+    have, _ = layout.check_shards(data_dir, samples, len(ids), cap["hidden_size"],
+                                  rehash=rehash, flag=flag)
+    if not have:
         raise DataError(f"{flag} {data_dir}: no complete hidden-state shard (run `vllm-kimi-ext "
                         "draft capture` first)")
     return cap
+
+
+def captured_samples(data_dir: str | Path, samples: Sequence[Sample], cap: dict, *,
+                     log=print, what: str = "training") -> list[Sample]:
+    """The samples of ``samples`` with a shard that matches its capture record; a bad
+    shard refuses (:func:`.layout.check_shards`), samples never captured are counted in
+    a warning."""
+    have, missing = layout.check_shards(data_dir, list(samples), len(cap["layer_ids"]),
+                                        cap["hidden_size"])
+    if missing:
+        log(f"warning: {len(missing)} of {len(samples)} samples have no hidden-state shard "
+            f"(capture not finished?); {what} uses the {len(have)} captured")
+    return have
 
 
 def make_sampler(dataset, max_len: int, seed: int, ranks=None):
@@ -262,6 +282,18 @@ def truncation(samples: Sequence[Sample], max_len: int, prompt_context: int | No
             "loss_tokens": sum(s.num_loss_tokens for s in samples)}
 
 
+def check_kept_tokens(counts: dict, floor: int) -> None:
+    """Refuse a run that would train on fewer than ``floor`` response tokens (after
+    ``--max-len`` and ``--prompt-context``): a head trained on nothing still exports."""
+    kept = counts["loss_tokens"] - counts["loss_tokens_dropped"]
+    if kept < floor:
+        raise DataError(
+            f"--max-len {counts['max_len']}: keeps {kept} of {counts['loss_tokens']} response "
+            f"tokens of {counts['samples']} training samples ({counts['samples_cut']} cut), "
+            f"below --min-train-tokens {floor}; nothing trained (raise --max-len or "
+            "--prompt-context, or add data)", field="--max-len")
+
+
 def warn_truncation(counts: dict, flag: str, log=print) -> None:
     if counts["samples_cut"]:
         log(f"warning: {flag} {counts['max_len']} cuts {counts['samples_cut']} of "
@@ -270,18 +302,47 @@ def warn_truncation(counts: dict, flag: str, log=print) -> None:
             f"not trained on (raise {flag} to keep them)")
 
 
-def run_settings(config: TrainConfig, *, data_dir, target_dir, init, samples, val,
-                 world: int, total: int, vocab) -> dict:
-    """The settings a checkpoint must share with the run resuming it."""
+def folder_digest(folder: str | Path | None) -> str | None:
+    """The identity of a model folder, independent of where it lies: its config.json
+    bytes and the name and size of every file (the weights are not read: a Kimi-K2.5
+    target is ~600 GB)."""
+    if folder is None:
+        return None
+    root = Path(folder)
+    h = hashlib.sha256()
+    config = root / "config.json"
+    h.update(config.read_bytes() if config.is_file() else b"")
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(f"{p.relative_to(root)}\0{p.stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def run_identity(config: TrainConfig, *, data_dir, target_dir, init, samples, val,
+                 world: int) -> dict:
+    """The settings a checkpoint must share with the run resuming it that are known
+    before any model is built: the optimisation settings and the content (not the
+    paths) of the data, the target and ``--init``, and the number of ranks."""
     keep = ("lr", "warmup_ratio", "max_len", "prompt_context", "ttt_steps", "seed",
             "val_fraction", "val_every", "patience")
-    digest = hashlib.sha256(json.dumps([[s.prompt_hash, s.num_tokens] for s in samples])
-                            .encode()).hexdigest()[:16]
     return {**{k: getattr(config, k) for k in keep},
-            "data": str(Path(data_dir).resolve()), "target": str(Path(target_dir).resolve()),
-            "init": str(Path(init).resolve()) if init else None, "train_samples": digest,
-            "val_samples": len(val), "world_size": world, "total_steps": total,
-            "draft_vocab": vocab}
+            "train_data": layout.content_digest(data_dir, list(samples)),
+            "val_data": layout.content_digest(data_dir, list(val)),
+            "target_content": folder_digest(target_dir), "init_content": folder_digest(init),
+            "world_size": world}
+
+
+def run_settings(config: TrainConfig, *, data_dir, target_dir, init, samples, val,
+                 world: int, total: int, vocab) -> dict:
+    """The settings a checkpoint must share with the run resuming it: :func:`run_identity`
+    plus what the model and sampler decide."""
+    return {**run_identity(config, data_dir=data_dir, target_dir=target_dir, init=init,
+                           samples=samples, val=val, world=world),
+            "total_steps": total, "draft_vocab": vocab}
+
+
+def default_checkpoint_dir(out_dir: str | Path) -> Path:
+    """Where checkpoints go without ``--checkpoint-dir``: ``OUT.checkpoints`` beside it."""
+    return Path(f"{Path(out_dir)}.checkpoints")
 
 
 def train(
@@ -316,8 +377,8 @@ def train(
     config = config or TrainConfig()
     options = options or bridge.DraftOptions()
     cap = capture_settings(data_dir)
-    samples = [s for s in split_samples(layout.read_samples(data_dir, tokens=False), holdout)
-               if layout.captured(data_dir, s, len(cap["layer_ids"]), cap["hidden_size"])]
+    samples = captured_samples(data_dir, split_samples(
+        layout.read_samples(data_dir, tokens=False), holdout), cap, log=log)
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to train on")
     samples, val_samples = runstate.split_validation(samples, config.val_fraction, config.seed)
@@ -328,7 +389,17 @@ def train(
                         f"{len(samples)} for validation; raise it")
     ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     if (config.checkpoint_every or config.resume) and ckpt_dir is None:
-        ckpt_dir = Path(f"{Path(out_dir)}.checkpoints")
+        ckpt_dir = default_checkpoint_dir(out_dir)
+    if ckpt_dir is not None and not config.resume and runstate.checkpoint_dirs(ckpt_dir):
+        raise DataError(f"{ckpt_dir}: holds checkpoints of an earlier run; pass --resume to "
+                        "continue it or choose another --checkpoint-dir")
+    if config.resume:  # before the ranks, the model and the data are set up
+        runstate.check_resume_identity(ckpt_dir, run_identity(
+            config, data_dir=data_dir, target_dir=target_dir, init=init, samples=samples,
+            val=val_samples, world=runstate.world_size_from_env()))
+    if config.max_steps != 0:  # 0: --init exported as it is, nothing trained
+        check_kept_tokens(truncation(samples, config.max_len, config.prompt_context),
+                          config.min_train_tokens)
     ranks = runstate.setup_ranks(config.device)
     try:
         return _train(data_dir, target_dir, out_dir, init=init, samples=samples,
@@ -400,9 +471,6 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
           "val": [], "best_loss": None, "best_step": None, "stale": 0, "stopped": None}
     best_state = None
     resumed_from = None
-    if ckpt_dir is not None and not config.resume and runstate.checkpoint_dirs(ckpt_dir):
-        raise DataError(f"{ckpt_dir}: holds checkpoints of an earlier run; pass --resume to "
-                        "continue it or choose another --checkpoint-dir")
     if config.resume:
         found = runstate.load_latest(ckpt_dir)
         if found is None:
@@ -487,7 +555,7 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
               "validation": st["val"], "best_step": st["best_step"],
               "stopped_early": st["stopped"], "resumed_from": resumed_from,
               "truncation": trunc, "library": _library_version()}
-    out = export_atomically(model.cpu(), target_dir, out_dir, record, force=force)
+    out = export_atomically(model.cpu(), target_dir, out_dir, record, force=force, log=log)
     from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
 
     report = diagnose(target_dir, out, method="eagle3")
@@ -534,21 +602,32 @@ def _validate(model, loader, ranks, lc, config, st, best_state, log):
 
 
 def _checkpoint(ckpt_dir, model, opt, sched, st, best_state, settings, ranks, log):
-    """Every rank hands over its RNG state; rank 0 writes the checkpoint."""
+    """Every rank hands over its RNG state; rank 0 writes the checkpoint. A write that
+    fails (a full disk) stops every rank together: rank 0 with its one-line refusal,
+    the others naming rank 0's."""
     import copy
 
+    from vllm_kimi_ext.user_input import UserInputError
+
     rngs = ranks.gather(runstate.rng_state())
+    failed: UserInputError | None = None
     if ranks.is_main:
         payload = {"run": settings, "model": runstate.trainable_state(model),
                    "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                    "loop": copy.deepcopy(st), "best": best_state, "rng": rngs}
-        path = runstate.save_checkpoint(ckpt_dir, st["step"], payload)
-        log(f"checkpoint: {path}")
+        try:
+            path = runstate.save_checkpoint(ckpt_dir, st["step"], payload)
+            log(f"checkpoint: {path}")
+        except UserInputError as exc:
+            failed = exc
+    if ranks.all_sum([failed is not None])[0]:
+        raise failed or DataError(f"rank {ranks.rank}: stopped because rank 0 could not "
+                                  f"write the checkpoint of step {st['step']} in {ckpt_dir}")
     ranks.barrier()
 
 
 def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record: dict, *,
-                      force: bool = False) -> Path:
+                      force: bool = False, log=print) -> Path:
     """Export ``model`` and its ``training.json`` into a temporary folder beside
     ``out_dir`` and rename it into place: an interrupted or failed export (a full disk, a
     kill) leaves ``out_dir`` as it was. An existing non-empty ``out_dir`` needs ``force``."""
@@ -565,9 +644,11 @@ def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record
 
     empty = out.is_dir() and not any(out.iterdir())
     if out.parent.is_dir():
-        clean_stale(out.parent)  # what a killed earlier export left
+        for line in clean_stale(out.parent):  # what a killed earlier export left
+            log(f"export: {line}")
+    needed = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     write_directory_atomically(out, write, force=force or empty, exists_error=exists,
-                               tool="draft-train")
+                               tool="draft-train", needed=needed)
     return out
 
 

@@ -114,15 +114,17 @@ NUMBERS: dict[str, dict[str, Num]] = {
         "lr": Num(float, 0, 1, lo_open=True), "max_len": Num(int, 2), "prompt_context":
         Num(int, 0), "ttt_steps": Num(int, 1, 64), "seed": _SEED, "holdout_every": _HOLDOUT,
         "checkpoint_every": _COUNT, "val_fraction": Num(float, 0, 0.5), "val_every": _COUNT,
-        "patience": _COUNT, "loader_workers": Num(int, 0, 64),
+        "patience": _COUNT, "loader_workers": Num(int, 0, 64), "min_train_tokens": _COUNT,
     },
-    "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT, "max_len": Num(int, 2)},
+    "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT, "max_len": Num(int, 2),
+             "chunk": _COUNT},
     "bill": {
         "prompts": _COUNT, "gain_fraction": Num(float, 0, 1, lo_open=True, hi_open=True),
         "n_half": _POSITIVE, "prompt_tokens": _POSITIVE, "response_tokens": _POSITIVE,
         "decode_batch": _COUNT, "context": _COUNT, "decode_tok_s": _POSITIVE,
         "prefill_tok_s": _POSITIVE, "ttt_steps": Num(int, 1, 64), "epochs": _POSITIVE,
         "tau_now": _TAU, "tau_after": _TAU, "tau_alt": _TAU, "alt_step_cost": _POSITIVE,
+        "disk_read_gb_s": _POSITIVE, "max_len": Num(int, 2),
     },
 }
 
@@ -234,16 +236,34 @@ class Output:
     dest: str
     inputs: tuple[str, ...]
     #: "force": an existing non-empty folder needs --force; "data": it must be a data
-    #: directory (resumed) or empty; "": no rule
+    #: directory (resumed) or empty; "checkpoints": it may hold only checkpoint folders;
+    #: "": no rule
     existing: str = ""
+    #: other outputs of the same command it must not equal, contain or lie inside
+    apart_from: tuple[str, ...] = ()
+    #: where the output goes when its flag is not given (``None``: nowhere)
+    default: Callable[[Any], Path | None] | None = None
 
 
+def _train_checkpoints(args: Any) -> Path | None:
+    """``draft train``'s checkpoint folder when --checkpoint-dir is not given."""
+    if not (_given(args, "checkpoint_every") or _given(args, "resume")) or \
+            _given(args, "out") is None:
+        return None
+    from .trainer import default_checkpoint_dir
+
+    return default_checkpoint_dir(args.out)
+
+
+_TRAIN_INPUTS = ("target", "init", "data", "draft_vocab_from")
+#: every path a command writes, against every path it reads and every other output
 OUTPUTS: dict[str, tuple[Output, ...]] = {
     "regenerate": (Output("out", ("prompts", "hf_model"), existing="data"),),
     "capture": (Output("data", ("vllm_target", "hf_model")),
                 Output("staging", ("vllm_target", "hf_model"))),
-    "train": (Output("out", ("target", "init", "data", "draft_vocab_from"),
-                     existing="force"),),
+    "train": (Output("out", _TRAIN_INPUTS, existing="force", apart_from=("checkpoint_dir",)),
+              Output("checkpoint_dir", _TRAIN_INPUTS, existing="checkpoints",
+                     apart_from=("out",), default=_train_checkpoints)),
 }
 
 
@@ -262,32 +282,64 @@ def _overlap(out: Path, inp: Path) -> str | None:
     return None
 
 
+def _output_path(args: Any, rule: Output) -> tuple[Path, str] | None:
+    """``(path, how it is named)`` of an output: its flag's value, else its default."""
+    value = _given(args, rule.dest)
+    if value is not None:
+        return Path(value), flag_name(rule.dest)
+    path = rule.default(args) if rule.default else None
+    return (path, f"{flag_name(rule.dest)} (default)") if path is not None else None
+
+
 def check_outputs(command: str, args: Any) -> None:
-    for rule in OUTPUTS.get(command, ()):
-        out_value = _given(args, rule.dest)
-        if out_value is None:
+    """No output equals, contains or lies inside an input or another output of the
+    command; an existing output holds what the rule allows."""
+    rules = {r.dest: r for r in OUTPUTS.get(command, ())}
+    for rule in rules.values():
+        where = _output_path(args, rule)
+        if where is None:
             continue
-        out, flag = Path(out_value), flag_name(rule.dest)
-        for dest in rule.inputs:
-            for inp in _paths_of(_given(args, dest)):
-                how = _overlap(out, inp)
-                if how:
-                    raise UserInputError(
-                        f"{flag} {out} {how} {flag_name(dest)} {inp}: an output must not "
-                        "overwrite an input; pick another folder", file=str(out), field=flag,
-                        expected="a folder apart from every input")
-        if not out.is_dir() or not any(out.iterdir()):
-            continue
-        if rule.existing == "force" and not _given(args, "force"):
-            raise UserInputError(f"{flag} {out}: exists and is not empty; pass --force to "
-                                 "replace it (the old one stays until the new one is complete)",
-                                 file=str(out), field=flag, expected="a new or empty folder")
-        if rule.existing == "data" and not ((out / "samples.jsonl").is_file()
-                                            or (out / "manifest.json").is_file()):
-            raise UserInputError(f"{flag} {out}: not empty and not a data directory (no "
-                                 "samples.jsonl); pick a new folder, or an earlier run's to "
-                                 "resume it", file=str(out), field=flag,
-                                 expected="a new, empty or data directory")
+        out, flag = where
+        against = [("input", flag_name(d), p) for d in rule.inputs
+                   for p in _paths_of(_given(args, d))]
+        for d in rule.apart_from:
+            other = _output_path(args, rules[d]) if d in rules else None
+            if other is not None:
+                against.append(("output", other[1], other[0]))
+        for kind, name, other in against:
+            how = _overlap(out, other)
+            if how:
+                raise UserInputError(
+                    f"{flag} {out} {how} {name} {other}: an output must not overwrite an "
+                    f"{kind}; pick another folder", file=str(out), field=flag.split()[0],
+                    expected="a folder apart from every input and every other output")
+        _check_existing(rule, out, flag, args)
+
+
+def _check_existing(rule: Output, out: Path, flag: str, args: Any) -> None:
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    field = flag.split()[0]
+    if rule.existing == "force" and not _given(args, "force"):
+        raise UserInputError(f"{flag} {out}: exists and is not empty; pass --force to "
+                             "replace it (the old one stays until the new one is complete)",
+                             file=str(out), field=field, expected="a new or empty folder")
+    if rule.existing == "data" and not ((out / "samples.jsonl").is_file()
+                                        or (out / "manifest.json").is_file()):
+        raise UserInputError(f"{flag} {out}: not empty and not a data directory (no "
+                             "samples.jsonl); pick a new folder, or an earlier run's to "
+                             "resume it", file=str(out), field=field,
+                             expected="a new, empty or data directory")
+    if rule.existing == "checkpoints":
+        from .runstate import foreign_entries
+
+        foreign = foreign_entries(out)
+        if foreign:
+            raise UserInputError(
+                f"{flag} {out}: holds {foreign[0]!r}{' and more' if len(foreign) > 1 else ''}, "
+                "not only `draft train` checkpoints (old ones there are pruned); pick a new "
+                "or empty folder", file=str(out), field=field,
+                expected="a new, empty or checkpoint folder")
 
 
 # --------------------------------------------------------------------------- #
@@ -496,9 +548,11 @@ def _check_train(args: Any) -> None:
         raise UserInputError(f"--draft-vocab-size {args.draft_vocab_size}: expected <= the "
                              f"target's vocab_size {cfg['vocab_size']}",
                              field="--draft-vocab-size")
+    from .runstate import world_size_from_env
     from .trainer import check_train_data
 
-    check_train_data(args.data, cfg, flag="--data")
+    world_size_from_env()  # a WORLD_SIZE without the rest of a torchrun launch
+    check_train_data(args.data, cfg, flag="--data", rehash=bool(_given(args, "rehash_shards")))
 
 
 def _check_eval(args: Any) -> None:
@@ -507,7 +561,7 @@ def _check_eval(args: Any) -> None:
     cfg = target_config("--target", args.target)
     from .trainer import check_train_data
 
-    check_train_data(args.data, cfg, flag="--data")
+    check_train_data(args.data, cfg, flag="--data", rehash=bool(_given(args, "rehash_shards")))
 
 
 def _eval_usage(args: Any) -> None:

@@ -5,10 +5,13 @@ to the output (same filesystem, so the final ``rename`` is atomic) and renames i
 place at the end; a replaced output is first moved aside to
 ``.<name>.<tool>-old-<pid>`` and put back if anything fails. An exception
 (SIGTERM included, see :func:`terminate_as_interrupt`) removes the temporary
-directory; a SIGKILL cannot be caught, so :func:`clean_stale` removes the temporary
-directories of processes that no longer run (and restores an output whose
-replacement was killed mid-rename) at the start of the next run. Only names of this
-pattern whose process id is dead are ever touched.
+directory; a full disk becomes one line naming the output and the space needed
+(:class:`~vllm_kimi_ext.user_input.DiskFullError`). A SIGKILL cannot be caught, so
+:func:`clean_stale` removes the temporary directories no running writer holds (and
+restores an output whose replacement was killed mid-rename, saying so) at the start of
+the next run. A writer holds an ``flock`` on each of its folders while it runs, so a
+folder whose process id was reused by another program is still recognised as stale.
+Only names of this pattern are ever touched.
 
 Standard library only.
 """
@@ -16,6 +19,7 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -23,6 +27,8 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from vllm_kimi_ext.user_input import disk_full_refusal, tree_bytes
 
 __all__ = ["TMP_TAG", "TOOLS", "clean_stale", "temp_name", "terminate_as_interrupt",
            "write_directory_atomically"]
@@ -61,9 +67,34 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _lock(folder: Path) -> int:
+    """An exclusive ``flock`` on ``folder`` held by the returned descriptor (released
+    when it is closed, or when the process dies however it dies)."""
+    fd = os.open(folder, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _held(folder: Path) -> bool:
+    """Does a running writer hold ``folder``'s lock?"""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return True  # cannot tell: keep it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def clean_stale(parent: Path) -> list[str]:
-    """Remove this tool's leftovers in ``parent`` whose process is dead; a moved-aside
-    previous output whose final name is empty is renamed back. Returns what was done."""
+    """Remove this tool's leftovers in ``parent`` that no running writer holds (its
+    process is dead, or its process id now belongs to another program); a moved-aside
+    previous output whose final name is empty is renamed back. Returns what was done,
+    one line each, for the caller to print."""
     done: list[str] = []
     try:
         entries = list(parent.iterdir())
@@ -71,45 +102,57 @@ def clean_stale(parent: Path) -> list[str]:
         return done
     for entry in entries:
         m = _STALE_RE.match(entry.name)
-        if m is None or not entry.is_dir() or _pid_alive(int(m["pid"])):
+        if m is None or not entry.is_dir() or int(m["pid"]) == os.getpid() or (
+                _pid_alive(int(m["pid"])) and _held(entry)):
             continue
         final = parent / m["name"]
         if m["tag"].endswith("-old") and not final.exists():
             os.rename(entry, final)
-            done.append(f"restored {final} from {entry.name}")
+            done.append(f"restored {final} from {entry.name} (an earlier run was killed "
+                        "while replacing it)")
         else:
             shutil.rmtree(entry, ignore_errors=True)
-            done.append(f"removed {entry}")
+            done.append(f"removed {entry} (left by a run that is no longer running)")
     return done
 
 
 def write_directory_atomically(out_dir: Path, write: Callable[[Path], None], *,
                                force: bool, exists_error: Callable[[Path], Exception],
-                               tool: str = "shrink-vocab") -> None:
+                               tool: str = "shrink-vocab", needed: int | None = None) -> None:
     """Run ``write(tmp)`` into a temporary sibling of ``out_dir``, then rename it into
     place; on any error nothing is left behind and a replaced ``out_dir`` is restored.
     ``exists_error`` builds the exception for an ``out_dir`` that appeared meanwhile
-    without ``force``; ``tool`` (one of :data:`TOOLS`) names the temporary folders."""
+    without ``force``; ``tool`` (one of :data:`TOOLS`) names the temporary folders;
+    ``needed`` (bytes, an estimate) is what a full-disk refusal names (default: at
+    least what was written before the disk filled)."""
     tmp_tag, old_tag = _tags(tool)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(out_dir, tmp_tag)
     shutil.rmtree(tmp, ignore_errors=True)  # our own pid: a leftover of an earlier call
     tmp.mkdir(mode=0o755)
+    locks = [_lock(tmp)]
     old: Path | None = None
     try:
-        write(tmp)
-        if out_dir.exists():
-            if not force:
-                raise exists_error(out_dir)
-            old = temp_name(out_dir, old_tag)
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and old.exists() and not out_dir.exists():
-            os.rename(old, out_dir)  # put the previous output back
-        raise
+        with disk_full_refusal(out_dir, None, what=f"writing {out_dir.name}") as need:
+            try:
+                write(tmp)
+                if out_dir.exists():
+                    if not force:
+                        raise exists_error(out_dir)
+                    old = temp_name(out_dir, old_tag)
+                    shutil.rmtree(old, ignore_errors=True)
+                    os.rename(out_dir, old)
+                    locks.append(_lock(old))
+                os.rename(tmp, out_dir)
+            except BaseException:
+                need.needed = needed if needed is not None else (tree_bytes(tmp) or None)
+                shutil.rmtree(tmp, ignore_errors=True)
+                if old is not None and old.exists() and not out_dir.exists():
+                    os.rename(old, out_dir)  # put the previous output back
+                raise
+    finally:
+        for fd in locks:
+            os.close(fd)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -475,7 +476,8 @@ def check_inputs(head_dir: str | Path, corpora: Sequence[str | Path] | str | Pat
     path (also cleans this tool's stale temporary directories next to it), the head,
     the corpus files' first bytes. Returns ``(head, out, corpora, head contents)``."""
     if out_dir is not None:  # first: a killed run's moved-aside output is restored
-        clean_stale(_existing_ancestor(Path(out_dir).parent))
+        for line in clean_stale(_existing_ancestor(Path(out_dir).parent)):
+            print(f"shrink-vocab: {line}", file=sys.stderr)
     head_dir, out_dir, corpora = _check_paths(head_dir, corpora, out_dir, force)
     unknown = sorted(set(fields_by_file or {}) - {str(p) for p in corpora})
     if unknown:
