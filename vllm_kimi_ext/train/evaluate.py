@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import bridge, layout, trainer
+from . import bridge, layout, runstate, trainer
 from .layout import DataError, Sample
 from .settings import Evaluation
 
@@ -253,7 +253,7 @@ def evaluate(
     if not samples:
         raise DataError(f"{data_dir}: no captured samples to evaluate on")
     check_chains(samples, k, max_len)
-    dev = trainer.resolve_device(device)
+    dev = runstate.resolve_device(device)
     wdtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model, head = _load_checked(target_dir, draft, cap, k, trust_remote_code, dev, wdtype)
     d2t = model.d2t if getattr(model, "use_draft_vocab", False) else None

@@ -39,6 +39,16 @@ from typing import Any
 
 from .layout import DataError, Sample
 
+
+def resolve_device(device: str | None):
+    """``device`` as a torch device; CUDA when available and none is given."""
+    import torch
+
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 CKPT_PREFIX = "step-"
 STATE_FILE = "state.pt"
 KEEP_CHECKPOINTS = 2
@@ -150,7 +160,6 @@ def setup_ranks(device: str | None) -> Ranks:
 
     world = world_size_from_env()
     if world <= 1:
-        from .trainer import resolve_device
 
         return Ranks(0, 1, 0, resolve_device(device), False)
     _die_with_parent()

@@ -198,14 +198,6 @@ def model_inputs(batch: dict, device) -> dict:
     return {k: batch[k].to(device) for k in _MODEL_INPUTS if k in batch}
 
 
-def resolve_device(device: str | None):
-    import torch
-
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def loss_config(device):
     from speculators.losses import resolve_loss_config
 
