@@ -85,7 +85,8 @@ PACKAGES: dict[str, Package] = {
         paths=("vllm_kimi_ext/train",),
         tests=("tests/unit/test_mutants_train.py", "tests/unit/test_planted_bill.py",
                "tests/unit/test_train_bill.py",
-               "tests/unit/test_train_data.py", "tests/vllm/test_planted_train.py"),
+               "tests/unit/test_train_data.py", "tests/vllm/test_planted_train.py",
+               "tests/unit/test_bad_input_train.py"),
         timeout_s=600.0),
     "patchset": Package(
         paths=("vllm_kimi_ext/patchset.py",),
