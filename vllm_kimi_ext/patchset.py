@@ -550,7 +550,16 @@ def _set_author(patch: bytes, author: str) -> bytes:
     message (one, at its end, if there was none) name ``author``."""
     text = patch.decode("utf-8")
     head, sep, rest = text.partition("\n---\n")
-    lines = [ln for ln in head.split("\n") if not ln.startswith("Signed-off-by: ")]
+    lines, in_from = [], False
+    for ln in head.split("\n"):
+        # format-patch folds a long From: header onto indented lines; they
+        # belong to the header replaced below (kept, git am reads them into
+        # the author's name).
+        if in_from and ln[:1] in (" ", "\t"):
+            continue
+        in_from = ln.startswith("From: ")
+        if not ln.startswith("Signed-off-by: "):
+            lines.append(ln)
     lines = [f"From: {author}" if ln.startswith("From: ") else ln for ln in lines]
     while lines and not lines[-1].strip():
         lines.pop()

@@ -471,6 +471,24 @@ def test_export_author_signs_every_patch_and_still_applies(fake_vllm, tmp_path):
     assert "Signed-off-by: Ada Lovelace <ada@example.org>" in log
 
 
+def test_a_long_author_survives_format_patch_folding(fake_vllm, tmp_path):
+    """format-patch folds a From: header past 78 characters; the folded part
+    used to stay behind the replaced header and git am read it into the name."""
+    pdir = tmp_path / "patches"
+    _make_patches(fake_vllm, pdir, [("[A] first", "line_3 = 3", "line_3 = 33")])
+    patchset.apply_series(fake_vllm, pdir)
+    author = "Seed 0123abcd maintainers <maintainers@users.noreply.a-seed-0123abcd.example>"
+    subprocess.run(["git", "-C", str(fake_vllm), "commit", "-q", "--amend", "--no-edit",
+                    "--author", author], check=True)
+    patchset.export_series(fake_vllm, pdir, tmp_path / "series.json", author=author)
+    message = next(pdir.glob("0001-*.patch")).read_text().split("\n---\n", 1)[0]
+    assert re.findall(r"^(?:From: .*|[ \t].*)$", message, re.M) == [f"From: {author}"]
+    patchset.apply_series(fake_vllm, pdir)
+    applied = subprocess.run(["git", "-C", str(fake_vllm), "log", "-1", "--format=%an <%ae>"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    assert applied == author
+
+
 def test_an_empty_author_is_refused_not_taken_for_none(tmp_path, monkeypatch):
     """``--author ''`` used to fall back silently to git config (``if args.author``)."""
     with pytest.raises(PatchSetError, match=r"^--author '': expected 'Name <email>'$"):
