@@ -58,3 +58,19 @@ def test_markdown_report_for_the_bench_session(tmp_path):
     assert (tmp_path / "plan.md").read_text() == text
     other = markdown_report(tmp_path, drafts=["lightseek-eagle3"], name="other")
     assert "**Recommendation**" in other and "**What to run**" not in other
+
+
+def test_write_docs_names_the_hand_written_documents_it_skips(tmp_path, capsys, monkeypatch):
+    """A docs folder without cost-model.md / choosing-a-draft.md: what-to-run.md is written
+    and each missing host document is named on stderr (it used to be skipped silently)."""
+    import vllm_kimi_ext.costmodel.report as report
+
+    monkeypatch.setattr(report, "write_images", lambda d: [])
+    shutil.copy(DOCS / "choosing-a-draft.md", tmp_path / "choosing-a-draft.md")
+    assert main(["--write-docs", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"skipped: {tmp_path / 'cost-model.md'} does not exist (its generated "
+                   "blocks live inside a hand-written document; copy it from the "
+                   "repository's docs/ first)"]
+    assert (tmp_path / "what-to-run.md").is_file()
+    assert not (tmp_path / "cost-model.md").exists()
