@@ -35,12 +35,6 @@ def missing(names: set[str], root: Path = ROOT) -> list[str]:
     return sorted(n for n in names if not (root / n).exists())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the committed report predates the moves of drafts/, train/ and verify/ (it names "
-    "drafts/_tli_triton.py, drafts/doctor_checks.py, drafts/doctor_codes.py, "
-    "drafts/shrink_vocab.py, drafts/tli.py, train/smallscale.py, verify/cuts.py); "
-    "`nox -s mutants` (about an hour on 2 cores) regenerates it: then this marker must go "
-    "(strict: the test then fails until it is removed)"))
 def test_the_report_names_only_files_that_exist():
     names = named_modules(json.loads((REPORT / "mutants.json").read_text()),
                           json.loads((REPORT / "survivors.json").read_text()),

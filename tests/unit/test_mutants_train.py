@@ -33,3 +33,17 @@ def test_capture_checks_free_space_unless_told_not_to(tmp_path, monkeypatch, cap
                *flags])
     assert rc == 0, capsys.readouterr().err
     assert seen["check_free_space"] is expected
+
+
+def test_checkpoint_payload_bytes_count_every_tensor_byte():
+    """The space a checkpoint write needs (checked before writing): numel x element size of
+    every tensor, nested in dicts, lists and tuples; other values count 0."""
+    import torch
+
+    from vllm_kimi_ext.train.runstate import payload_bytes
+
+    payload = {"model": {"w": torch.zeros(10, 3, dtype=torch.float32)},
+               "optim": [torch.zeros(5, dtype=torch.bfloat16),
+                         (torch.zeros(2, dtype=torch.int64),)],
+               "step": 7, "rng": b"\x00" * 100}
+    assert payload_bytes(payload) == 10 * 3 * 4 + 5 * 2 + 2 * 8
