@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from vllm_kimi_ext import envs
+from vllm_kimi_ext.user_input import UserInputError
 
 logger = logging.getLogger("vllm_kimi_ext.draft_embedding")
 
@@ -29,7 +30,7 @@ logger = logging.getLogger("vllm_kimi_ext.draft_embedding")
 EAGLE_FAMILY = ("eagle", "eagle3", "mtp")
 
 
-class DraftEmbeddingError(ValueError):
+class DraftEmbeddingError(UserInputError):
     """The flag asks for a replicated draft embedding this draft cannot have."""
 
 

@@ -18,7 +18,10 @@ import dataclasses
 from typing import Any
 
 from vllm_kimi_ext.costmodel.cli import DEFAULT_HARDWARE
+from vllm_kimi_ext.facts import target_dims
 from vllm_kimi_ext.user_input import bounded_float, bounded_int
+
+_VOCAB = target_dims().vocab_size  # the eval chunk's help prices Kimi-K2.5's vocabulary
 
 __all__ = [
     "Bill",
@@ -190,7 +193,8 @@ class Evaluation:
                                        "available, else cpu in fp32)", type=_device)
     chunk: int = setting(
         1024, "chain starts scored at once: the scoring's peak memory is about 16 x CHUNK x "
-              "vocab bytes whatever the sample's length (2.7 GB at 1024 x Kimi-K2.5's 163840), "
+              "vocab bytes whatever the sample's length "
+              f"({16 * 1024 * _VOCAB / 1e9:.1f} GB at 1024 x Kimi-K2.5's {_VOCAB}), "
               "plus the draft's forward over the sample", metavar="CHUNK",
         type=bounded_int(1, what="a position count"))
 
