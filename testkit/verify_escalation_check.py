@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         Step = recording_step(steps)
 
         o, _, plan, _ = check_graph_step(z, b, V, 2, candidates=2, backend="triton",
-                                         step_cls=Step)
+                                         step_cls=Step, escalation="rows")
         rows = _check_rows(z, StepInputs.from_layout(b.layout(), V), seen)
         dirty = dirty_scratch(steps, "cpu")
         out.append({"kind": kind, "mix": mix, "escalated": int(o.uncertified.sum())

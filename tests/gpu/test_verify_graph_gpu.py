@@ -145,10 +145,11 @@ def test_split_escalation_cuts_inside_ties_and_leaves_scratch_zeroed(top_p, min_
     from testkit.verify_graph_sim import dirty_scratch, recording_step, simulate_graph_step
 
     b, z = _tied_case(12, 21, top_p, min_p)
-    out, _, _, _ = check_graph_step(z, b, V, TP, backend="triton", candidates=4)
+    out, _, _, _ = check_graph_step(z, b, V, TP, backend="triton", candidates=4,
+                                    escalation="rows")
     assert bool(out.uncertified.any())
     steps: list = []
-    simulate_graph_step(z, b, TP, V, backend="triton", candidates=4,
+    simulate_graph_step(z, b, TP, V, backend="triton", candidates=4, escalation="rows",
                         step_cls=recording_step(steps))
     assert len(steps) == TP and all(str(z.device) in s._escalation_scratch for s in steps)
     assert dirty_scratch(steps, str(z.device)) == [], "scratch not left zeroed"

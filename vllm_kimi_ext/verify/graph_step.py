@@ -63,6 +63,7 @@ import torch
 from . import step_torch as st
 from .kernels import shard_local_stats
 from .ranks import AllGather, ShardedRank
+from .step_hist import escalate_hist
 from .step_plan import StepInputs, StepOutput, StepPlan, plan_step
 from .step_torch import constant
 
@@ -139,7 +140,11 @@ class GraphVerifyStep(ShardedRank):
     def _escalate(self, logits_shard, inp, plan, merged, q_full, tri) -> torch.Tensor:
         """Round 2: whole rows for the picked uncertified rows; updates ``merged`` in place
         and returns the deferred rows (uncertified, no slot). One-hot drafts on the Triton
-        path: the split bf16 escalation with this step's persistent scratch."""
+        path: the split bf16 escalation with this step's persistent scratch. A ``"hist"``
+        plan: the histogram escalation (:mod:`.step_hist`) on either backend."""
+        if plan.escalation == "hist" and q_full is None:
+            return escalate_hist(logits_shard, inp, plan, merged, self.all_gather, self.rank,
+                                 self.col_offset, self.vocab_size, "triton" if tri else "torch")
         if tri and q_full is None:
             from . import _escalate_kernels as ek
             from . import _graph_kernels as gk

@@ -56,6 +56,22 @@ STAT_COLUMNS = 5
 DEFAULT_CANDIDATES = 128
 FLOAT_BYTES = 4
 
+#: Escalation kinds (a :class:`StepPlan` field): ``"rows"`` gathers the picked rows' whole
+#: shard rows; ``"hist"`` exchanges histograms of 16-bit float rows
+#: (:mod:`.step_hist`) and keeps ``row_fallback_slots`` whole-row slots for the rows it
+#: cannot cut exactly.
+ESCALATIONS = ("rows", "hist")
+#: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
+DEFAULT_ROW_FALLBACK_SLOTS = 1
+#: The ``"hist"`` escalation's all-gathers per picked row and rank, as
+#: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
+#: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte), the
+#: shard statistics under the found cut. :mod:`.step_hist` allocates exactly these.
+HIST_BINS = 256
+KEYS_PER_BIN = 256
+HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4),
+               ("hist-stats", 4, 4))
+
 FALLBACK_REASONS = (
     "vocab_too_large",
     "top_p",
@@ -216,6 +232,10 @@ class StepPlan:
     probabilistic: bool
     shard_width: int
     logits_bytes: int = 2
+    #: How uncertified rows are cut (one of :data:`ESCALATIONS`).
+    escalation: str = "rows"
+    #: Whole-row slots inside a ``"hist"`` escalation (rows it cannot cut exactly).
+    row_fallback_slots: int = 0
 
     @property
     def stats_only(self) -> bool:
@@ -235,9 +255,14 @@ class StepPlan:
     def rounds(self) -> tuple[Round, ...]:
         out = [Round("stats" if self.stats_only else "stats+candidates", self.num_rows,
                      self.round1_width)]
-        if self.escalation_slots:
-            out.append(Round("escalation", self.escalation_slots, self.shard_width,
-                             self.logits_bytes))
+        E = self.escalation_slots
+        if E and self.escalation == "hist":
+            out.extend(Round(name, E, width, eb) for name, width, eb in HIST_ROUNDS)
+            if self.row_fallback_slots:
+                out.append(Round("escalation", self.row_fallback_slots, self.shard_width,
+                                 self.logits_bytes))
+        elif E:
+            out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
             out.append(Round("residual", self.num_reqs, 2))
         return tuple(out)
@@ -256,6 +281,17 @@ class StepPlan:
         return self.bytes_sent_per_rank * self.tp_size
 
     @property
+    def escalation_bytes_per_rank(self) -> int:
+        """Bytes each rank sends in the escalation's rounds."""
+        return sum(r.bytes_per_rank for r in self.rounds
+                   if r.name == "escalation" or r.name.startswith("hist-"))
+
+    @property
+    def bytes_per_escalated_row_per_rank(self) -> float:
+        """The escalation's bytes per slot and rank (0 without an escalation)."""
+        return self.escalation_bytes_per_rank / max(self.escalation_slots, 1)
+
+    @property
     def bytes_per_row_per_rank(self) -> float:
         return self.bytes_sent_per_rank / max(self.num_rows, 1)
 
@@ -269,7 +305,9 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
               max_rows_per_req: int, all_greedy: bool, any_cut: bool, max_top_k: int = 0,
               may_escalate: bool = False, probabilistic: bool = False,
               any_uncut_sampling: bool = False, candidates: int | None = None,
-              escalation_slots: int | None = None, logits_bytes: int = 2) -> StepPlan:
+              escalation_slots: int | None = None, logits_bytes: int = 2,
+              escalation: str | None = None,
+              row_fallback_slots: int | None = None) -> StepPlan:
     """The step plan from host-known facts of the batch.
 
     ``any_cut``: some sampling row has top-k, min-p or top-p; ``max_top_k``: the
@@ -277,7 +315,11 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     top-p or min-p without top-k (its kept set may exceed the candidates);
     ``any_uncut_sampling``: some sampling row has no cut (probabilistic drafts then
     need the residual round). ``escalation_slots`` defaults to the number of
-    requests (every request's first row has a slot).
+    requests (every request's first row has a slot). ``escalation`` (one of
+    :data:`ESCALATIONS`) defaults to ``"hist"`` where it is exact (16-bit logits, one-hot
+    drafts) and sends fewer bytes than whole rows, else ``"rows"``;
+    ``row_fallback_slots`` (``"hist"`` only) defaults to
+    :data:`DEFAULT_ROW_FALLBACK_SLOTS`.
     """
     w = 0
     if any_cut and not all_greedy:
@@ -287,12 +329,36 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     if may_escalate and not all_greedy:
         e = max(num_reqs, escalation_slots or 0)
         e = min(e, num_rows)
+    esc, fb = choose_escalation(e, shard_width, logits_bytes, probabilistic, escalation,
+                                row_fallback_slots)
     return StepPlan(tp_size=tp_size, num_rows=num_rows, num_reqs=num_reqs,
                     max_rows_per_req=max_rows_per_req, candidates=w, escalation_slots=e,
                     all_greedy=all_greedy,
                     residual_round=probabilistic and not all_greedy and any_uncut_sampling,
                     probabilistic=probabilistic, shard_width=shard_width,
-                    logits_bytes=logits_bytes)
+                    logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb)
+
+
+def hist_bytes_per_slot() -> int:
+    """Bytes per rank and escalation slot of the ``"hist"`` rounds (whole-row slots apart)."""
+    return sum(width * eb for _, width, eb in HIST_ROUNDS)
+
+
+def choose_escalation(slots: int, shard_width: int, logits_bytes: int, probabilistic: bool,
+                      escalation: str | None, row_fallback_slots: int | None) -> tuple[str, int]:
+    """``(escalation, row_fallback_slots)`` of a plan with ``slots`` escalation slots."""
+    if escalation is not None and escalation not in ESCALATIONS:
+        raise ValueError(f"escalation must be one of {ESCALATIONS}, got {escalation!r}")
+    exact = logits_bytes == 2 and not probabilistic
+    if escalation == "hist" and not exact and slots:
+        raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
+    fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
+    fb = max(0, min(fb, slots))
+    if escalation is None:
+        rows = slots * shard_width * logits_bytes
+        hist = slots * hist_bytes_per_slot() + fb * shard_width * logits_bytes
+        escalation = "hist" if exact and slots and hist < rows else "rows"
+    return escalation, (fb if escalation == "hist" else 0)
 
 
 
@@ -303,7 +369,8 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      custom_logits_processors: bool = False, top_p_sharded: bool = True,
                      counter: FallbackCounter | None = None,
                      candidates: int | None = None,
-                     escalation_slots: int | None = None) -> StepPlan | Fallback:
+                     escalation_slots: int | None = None, escalation: str | None = None,
+                     row_fallback_slots: int | None = None) -> StepPlan | Fallback:
     """The step's :class:`StepPlan`, or the :class:`Fallback` that sends it to the full
     logits gather, from the requests' sampling parameters (host objects: no device read).
 
@@ -349,7 +416,8 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      all_greedy=all(greedy), any_cut=any_cut, max_top_k=max_k,
                      may_escalate=may_escalate, probabilistic=probabilistic,
                      any_uncut_sampling=uncut, logits_bytes=logits_bytes,
-                     candidates=candidates, escalation_slots=escalation_slots)
+                     candidates=candidates, escalation_slots=escalation_slots,
+                     escalation=escalation, row_fallback_slots=row_fallback_slots)
 
 
 @dataclass

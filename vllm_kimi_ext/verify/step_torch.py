@@ -162,8 +162,8 @@ class Merged:
     nucleus_margin: torch.Tensor  # float64
     #: int64: size of the kept set (rows with a cut; -1 elsewhere). Diagnostic only.
     n_kept: torch.Tensor | None = None
-    #: float32: the row's maximum of ``z / T`` (rows with a cut; the Triton merge only,
-    #: read by the split escalation).
+    #: float32: the row's maximum of ``z / T`` (rows with a cut; read by the split
+    #: escalation and the histogram escalation).
     row_max: torch.Tensor | None = None
 
 
@@ -255,6 +255,7 @@ def merge_round1_torch(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_s
         uncertified=has_cut & ~certified,
         nucleus_margin=torch.where(has_cut, margin, nan64),
         n_kept=torch.where(has_cut, n_kept, none),
+        row_max=sv[:, 0],
     )
 
 

@@ -1,0 +1,203 @@
+"""The histogram escalation (``StepPlan.escalation == "hist"``): the exact top-p / min-p cut
+of the picked uncertified rows from three small all-gathers instead of whole shard rows.
+
+For 16-bit float logits (bf16; fp16 works the same way) every value has an ordered 16-bit
+key (:func:`ordered_key16`): ``key(a) < key(b)`` iff ``a < b``, ``-0.0`` and ``+0.0`` share
+a key, and ``s = z / T`` (one float32 division, :func:`.reference.scale_logits`) keeps
+distinct values distinct, so the tokens of one key are exactly one tie group of the
+whole-row sort. Per picked row (``E = plan.escalation_slots``, shapes fixed, no host read,
+so the rounds run inside CUDA-graph capture and under the CPU stand-in):
+
+1. **Coarse** (``hist-coarse``, ``[E, 256]`` float64 per rank): the mass
+   ``sum exp(s - m)`` of the row's tokens that the min-p pre-cut keeps (``m``: the row's
+   maximum from round 1), binned by the key's high byte. The bins cover every key (no
+   band to get wrong); every rank sums the gathered bins in rank order and walks them from
+   the top to the bin where the running mass reaches ``top_p x Z``.
+2. **Boundary** (``hist-boundary``, ``[E, 256]`` int32 per rank): the per-key token counts
+   of that bin (the key's low byte). Tokens of one key weigh the same, so the walk inside
+   the bin gives the cut key and how many of its tied tokens are kept; the per-rank counts
+   say how many of them each rank keeps (ties are kept in id order, ranks own increasing
+   id ranges: rank ``r`` keeps ``need - (ties on ranks < r)``, clamped).
+3. **Statistics** (``hist-stats``, ``[E, 4]`` float32 per rank): the shard statistics
+   under the known cut (Gumbel-max, log-sum-exp, ``s_x``), merged as in round 1.
+
+Fail closed: a row the rounds cannot cut exactly goes to ``plan.row_fallback_slots``
+whole-row slots (the ``"rows"`` escalation's gather and sort), in slot order; a row left
+without one is deferred like a row without an escalation slot. Such rows are those with
+top-k (the candidates of round 1 always certify them, so only a forced escalation sees
+one), a non-finite maximum, and rows whose running mass at the cut lies within
+:data:`EDGE_TOL` ``x Z`` of ``top_p x Z`` on either side: there the float64 sums' rounding
+(here and in the whole-row sort) could move the cut by one token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import merge_argmax, shard_local_stats
+from .ranks import AllGather
+from .reference import min_p_threshold, scale_logits
+from .step_plan import HIST_BINS, KEYS_PER_BIN, StepInputs, StepPlan
+from .step_torch import Merged, exact_cut, pick_slots
+
+#: Relative distance of ``top_p x Z`` from the running mass on either side of the cut
+#: below which a row takes a whole-row slot (float64 sums of <= 2**24 terms stay far
+#: within it; the reference's own rounding flips are certified at the same 1e-9).
+EDGE_TOL = 1e-9
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def ordered_key16(z: torch.Tensor) -> torch.Tensor:
+    """int64 ordered key in ``[0, 65536)`` of 16-bit float ``z`` (``-0.0`` keyed as ``+0.0``)."""
+    b = z.view(torch.int16).to(torch.int64)
+    b = torch.where(b == -32768, torch.zeros_like(b), b)
+    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
+
+
+def key_values(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 16-bit float values (``dtype``) of ordered keys (inverse of :func:`ordered_key16`)."""
+    o = key - 32768
+    return (o ^ ((o >> 15) & 0x7FFF)).to(torch.int16).view(dtype)
+
+
+def _walk(mass_desc: torch.Tensor, start: torch.Tensor, target: torch.Tensor):
+    """First position (in the given descending order) where ``start`` plus the running
+    mass reaches ``target``, clamped to the last non-empty position, and the running mass
+    before it. ``mass_desc [E, n]`` float64."""
+    n = mass_desc.shape[1]
+    run = start[:, None] + mass_desc.cumsum(1)
+    pos = torch.arange(n, device=mass_desc.device)
+    last = torch.where(mass_desc > 0, pos, torch.zeros_like(pos)).max(dim=1).values
+    j = torch.minimum((run < target[:, None]).sum(dim=1), last)
+    prev = run.gather(1, (j - 1).clamp(min=0)[:, None]).squeeze(1)
+    return j, torch.where(j > 0, prev, start)
+
+
+def hist_cut(gather: AllGather, z: torch.Tensor, valid: torch.Tensor, t: torch.Tensor,
+             m: torch.Tensor, min_p: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+             rank: int):
+    """Rounds 1-2 on this rank's picked rows ``z [E, S]`` (16-bit; ``valid [S]`` the
+    non-padding columns). Returns ``(thr, tie_col, margin, exact)``: the cut's value
+    ``s`` (float32), this shard's last kept tied column (local; ``-1``: none, ``S``: all),
+    the nucleus margin (float64, NaN without top-p) and whether the row was cut exactly."""
+    E, S = z.shape
+    dev = z.device
+    s = scale_logits(z, t)
+    cutv = min_p_threshold(m, min_p)
+    live = valid[None, :] & (s >= cutv[:, None]) & (s > float("-inf"))
+    key = ordered_key16(z)
+    m64 = m.double()
+    w = torch.exp(s.double() - m64[:, None]).masked_fill(~live, 0.0)
+    coarse = torch.zeros((E, HIST_BINS), dtype=torch.float64, device=dev)
+    coarse.scatter_add_(1, key // KEYS_PER_BIN, w)
+    g1 = gather(coarse)  # [TP, E, HIST_BINS]
+    bins = g1[0]
+    for r in range(1, g1.shape[0]):  # rank order: every rank adds the same numbers alike
+        bins = bins + g1[r]
+    desc = bins.flip(1)
+    Z = desc.sum(dim=1)
+    tp = top_p.double()
+    target = tp * Z
+    b, above = _walk(desc, torch.zeros_like(Z), target)
+    bin_id = (HIST_BINS - 1) - b
+    inside = live & (key // KEYS_PER_BIN == bin_id[:, None])
+    counts = torch.zeros((E, KEYS_PER_BIN), dtype=torch.int32, device=dev)
+    counts.scatter_add_(1, key % KEYS_PER_BIN, inside.to(torch.int32))
+    g2 = gather(counts)  # [TP, E, KEYS_PER_BIN]
+    per_key = g2.to(torch.int64).sum(dim=0)
+    keys = bin_id[:, None] * KEYS_PER_BIN + torch.arange(KEYS_PER_BIN, device=dev)
+    sk = scale_logits(key_values(keys, z.dtype), t)  # [E, KEYS_PER_BIN] float32
+    wk = torch.exp(sk.double() - m64[:, None])
+    cnt_desc, wk_desc, sk_desc = per_key.flip(1), wk.flip(1), sk.flip(1)
+    j, before = _walk(cnt_desc.double() * wk_desc, above, target)
+    wj = wk_desc.gather(1, j[:, None]).squeeze(1)
+    cj = cnt_desc.gather(1, j[:, None]).squeeze(1)
+    need = torch.ceil((target - before) / wj).clamp(min=1)
+    need = torch.minimum(need, cj.double()).long()
+    before_last = before + (need - 1).double() * wj
+    through_last = before + need.double() * wj
+    margin = torch.minimum(target - before_last, through_last - target) / Z
+    nucleus = top_p < 1
+    exact = (top_k <= 0) & torch.isfinite(m) & (
+        ~nucleus | ((margin >= EDGE_TOL) & (cj > 0) & (Z > 0)))
+    # min-p without top-p: the cut is min-p's own, every tie at it kept
+    big = torch.full_like(need, S + 1)
+    thr = torch.where(nucleus, sk_desc.gather(1, j[:, None]).squeeze(1), cutv)
+    need = torch.where(nucleus, need, big)
+    # this rank's share of the cut key's ties: those left after the ranks before it
+    col = (KEYS_PER_BIN - 1) - j
+    tied = g2.to(torch.int64).gather(2, col[None, :, None].expand(g2.shape[0], E, 1))[..., 0]
+    earlier = tied[:rank].sum(dim=0)
+    keep = (need - earlier).clamp(min=0)
+    eq = (s == thr[:, None]) & valid[None, :]
+    tie_col = (eq.to(torch.int32).cumsum(1) < keep[:, None]).sum(dim=1)
+    tie_col = torch.where(keep > 0, tie_col, torch.full_like(tie_col, -1))
+    margin = torch.where(nucleus, margin, torch.full_like(margin, float("nan")))
+    return thr, tie_col, margin, exact
+
+
+def escalate_hist(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, merged: Merged,
+                  all_gather: AllGather, rank: int, col_offset: int, vocab_size: int,
+                  backend: str = "torch") -> torch.Tensor:
+    """The ``"hist"`` escalation (see the module docstring) for one-hot drafts; updates
+    ``merged`` in place (``merged.row_max`` required) and returns the deferred rows."""
+    if logits_shard.dtype not in HALF_DTYPES:
+        raise ValueError(f"the histogram escalation needs 16-bit logits, got {logits_shard.dtype}")
+    E, F = plan.escalation_slots, plan.row_fallback_slots
+    idx, real = pick_slots(merged.uncertified, inp.row_in_req, E)
+    z = logits_shard.index_select(0, idx)
+    S = z.shape[1]
+    dev = z.device
+    valid = (torch.arange(S, device=dev) + col_offset) < vocab_size
+    t = inp.temperature[idx]
+    thr, tie_col, margin, exact = hist_cut(all_gather, z, valid, t, merged.row_max[idx],
+                                           inp.min_p[idx], inp.top_p[idx], inp.top_k[idx], rank)
+    st = shard_local_stats(z, t, thr, inp.draft[idx], inp.seeds[idx], inp.positions[idx],
+                           col_offset, vocab_size, exclude_draft=True, backend=backend, width=4,
+                           tie_col=tie_col)
+    g3 = all_gather(st.contiguous())  # [TP, E, 4]
+    gval, gidx = merge_argmax(g3[..., 0], g3[..., 1])
+    ok = real & exact
+
+    def put(rows, cond, dst: torch.Tensor, val: torch.Tensor) -> None:
+        dst[rows] = torch.where(cond, val.to(dst.dtype), dst[rows])
+
+    put(idx, ok, merged.gval, gval)
+    put(idx, ok, merged.gidx, gidx)
+    put(idx, ok, merged.lse, torch.logsumexp(g3[..., 2], dim=0))
+    put(idx, ok, merged.sx, g3[..., 3].max(dim=0).values)
+    put(idx, ok, merged.nucleus_margin, margin)
+    assigned = torch.zeros_like(merged.uncertified)
+    assigned[idx] = ok
+    if F:
+        assigned |= _whole_rows(logits_shard, inp, merged, all_gather, idx, real & ~exact, F,
+                                vocab_size, backend)
+    return merged.uncertified & ~assigned
+
+
+def _whole_rows(logits_shard, inp: StepInputs, merged: Merged, all_gather: AllGather,
+                idx: torch.Tensor, want: torch.Tensor, F: int, vocab_size: int,
+                backend: str) -> torch.Tensor:
+    """The ``"rows"`` escalation (one-hot drafts) for the first ``F`` slots in ``want``;
+    returns the rows it cut."""
+    E = idx.shape[0]
+    slot = torch.arange(E, device=idx.device)
+    order = torch.where(want, slot, slot + E)
+    pick = torch.topk(-order, F).indices  # the first F wanted slots, in slot order
+    fidx, freal = idx[pick], want[pick]
+    g = all_gather(logits_shard.index_select(0, fidx).contiguous())  # [TP, F, S]
+    TP, _, S = g.shape
+    full = g.permute(1, 0, 2).reshape(F, TP * S)[:, :vocab_size]
+    t = inp.temperature[fidx]
+    thr, tie, margin = exact_cut(scale_logits(full, t), inp.top_k[fidx], inp.min_p[fidx],
+                                 inp.top_p[fidx])
+    st = shard_local_stats(full, t, thr, inp.draft[fidx], inp.seeds[fidx], inp.positions[fidx],
+                           0, vocab_size, exclude_draft=True, backend=backend, width=4,
+                           tie_col=tie)
+    for dst, val in ((merged.gval, st[:, 0]), (merged.gidx, st[:, 1].round().long()),
+                     (merged.lse, st[:, 2]), (merged.sx, st[:, 3]),
+                     (merged.nucleus_margin, margin)):
+        dst[fidx] = torch.where(freal, val.to(dst.dtype), dst[fidx])
+    done = torch.zeros_like(merged.uncertified)
+    done[fidx] = freal
+    return done
