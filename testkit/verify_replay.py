@@ -61,14 +61,16 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
                  device: str = "cpu", backend: str = "torch", seed: int = 0,
                  capture_sizes: tuple[int, ...] | None = None,
                  sizes: tuple[int, int] | None = None,
-                 probabilistic: bool = False) -> ReplayReport:
+                 probabilistic: bool = False,
+                 escalation: str | None = None) -> ReplayReport:
     """``num_steps`` steps, batch sizes drawn from ``sizes`` (default 1..max_reqs) and
     modes cycled; TP = 1 (the whole vocabulary is the shard: 128 candidates of ``V``, so
-    flat top-p rows escalate)."""
+    flat top-p rows escalate). ``escalation``: the one-hot plans' escalation (default: the
+    plan's own choice)."""
     g = torch.Generator().manual_seed(seed)
     step = GraphVerifyStep(V, 1, 0, lambda t: t[None], backend=backend)
     graphs = StepGraphs(step, max_reqs=max_reqs, rows_per_req=k + 1,
-                        capture_sizes=capture_sizes)
+                        capture_sizes=capture_sizes, escalation=escalation)
     graphs.warm_up(torch.bfloat16, device, probabilistic=probabilistic, q_width=V)
     lo, hi = sizes or (1, max_reqs)
     rep = ReplayReport()
@@ -81,7 +83,8 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
         inp = StepInputs.from_layout(L, V)
         plan = plan_from_params(params, tp_size=1, vocab_size=V, num_rows=b.num_rows,
                                 max_rows_per_req=k + 1, shard_width=V,
-                                probabilistic=probabilistic)
+                                probabilistic=probabilistic,
+                                escalation=None if probabilistic else escalation)
         q = None
         if probabilistic:
             q = torch.softmax(z.float() + torch.randn(z.shape, generator=g).to(device), dim=1)

@@ -280,8 +280,11 @@ class StepGraphs:
 
     def __init__(self, step: GraphVerifyStep, max_reqs: int, rows_per_req: int,
                  capture_sizes: tuple[int, ...] | None = None,
-                 log: logging.Logger | None = None):
+                 log: logging.Logger | None = None, escalation: str | None = None):
         self.step = step
+        #: The captured one-hot plans' escalation (None: :func:`.step_plan.plan_step`'s
+        #: default for the padded size).
+        self.escalation = escalation
         self.rows_per_req = int(rows_per_req)
         self.capture_sizes = tuple(sorted(capture_sizes or default_capture_sizes(max_reqs)))
         self.max_reqs = self.capture_sizes[-1]
@@ -306,7 +309,8 @@ class StepGraphs:
         return plan_step(tp_size=self.step.tp_size, shard_width=S, num_rows=q * self.rows_per_req,
                          num_reqs=q, max_rows_per_req=self.rows_per_req, all_greedy=greedy,
                          any_cut=cut, may_escalate=esc, probabilistic=prob,
-                         any_uncut_sampling=res, logits_bytes=self._bytes)
+                         any_uncut_sampling=res, logits_bytes=self._bytes,
+                         escalation=None if prob else self.escalation)
 
     def warm_up(self, logits_dtype: torch.dtype, device, probabilistic: bool = False,
                 q_width: int | None = None) -> int:
