@@ -216,6 +216,21 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     with CollectiveCounter() as cc_p, cc_p.phase("verify"):
         out_p = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab), kimi_plan)
     ref_p = ReferenceVerifier(vocab).verify(full, top_p_batch)
+    top_p_escalations = {}
+    for esc in ("rows", "hist"):  # the same step with each escalation, counted
+        esc_plan = plan_from_params(kimi, escalation_slots=rows, escalation=esc, **shape)
+        with CollectiveCounter() as cc_e, cc_e.phase("verify"):
+            out_e = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab),
+                             esc_plan)
+        top_p_escalations[esc] = {
+            "sent": [(c.name, c.rows, c.width, c.element_bytes) for c in esc_plan.rounds],
+            "counted": cc_e.summary(),
+            "sharded_tokens": out_e.tokens(),
+            "escalated_rows": int(out_e.uncertified.sum()),
+            "deferred_rows": int(out_e.deferred.sum()),
+            "bytes_per_escalated_row": esc_plan.bytes_per_escalated_row_per_rank,
+            "logits_dtype": str(local.dtype),
+        }
     runner_path = _runner_path_step(model, cfg, hidden, full, drafts)
     return {
         "runner": runner_path,
@@ -236,6 +251,7 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
             "sharded_tokens": out_p.tokens(),
             "reference_tokens": ref_p.tokens(),
             "escalated_rows": int(out_p.uncertified.sum()),
+            "escalations": top_p_escalations,
         },
     }
 

@@ -54,6 +54,35 @@ def test_top_p_step_sharded_equals_reference(tp2_target_results):
         tp2_target_results[1]["verify"]["top_p"]["sharded_tokens"]
 
 
+def test_top_p_escalations_counted(tp2_target_results):
+    """The Kimi top-p step (12 escalation slots, one per row) with each escalation,
+    counted on vLLM's own all-gather: whole shard rows take one escalation all-gather,
+    the histogram escalation three (coarse bins, boundary bin, statistics) plus one
+    whole-row slot; both equal the reference token for token with no row deferred, and
+    every counted byte is in the plan. Bytes per escalated row per rank come from the
+    counted tensors: 2 x 640 B (rows) and 2,048 + 1,024 + 16 B + 1 row slot / 12 (hist;
+    at this tiny vocabulary the histograms outweigh a 640-token shard row, at Kimi's they
+    are 13x smaller: ``test_verify_plan.py``)."""
+    for rank, res in enumerate(tp2_target_results):
+        p = res["verify"]["top_p"]
+        for esc, calls_want in (("rows", 2), ("hist", 5)):
+            e = p["escalations"][esc]
+            assert e["logits_dtype"] == "torch.bfloat16"
+            assert e["sharded_tokens"] == p["reference_tokens"], f"rank {rank} {esc}"
+            assert e["escalated_rows"] > 0 and e["deferred_rows"] == 0
+            calls, nbytes = e["counted"][("tp", "verify", "all_gather")]
+            assert calls == len(e["sent"]) == calls_want, (esc, e["sent"])
+            assert nbytes == sum(rows * width * eb for _, rows, width, eb in e["sent"])
+            round1 = e["sent"][0][1] * e["sent"][0][2] * e["sent"][0][3]
+            assert (nbytes - round1) / 12 == e["bytes_per_escalated_row"]
+        rows_e, hist_e = p["escalations"]["rows"], p["escalations"]["hist"]
+        S = rows_e["sent"][1][2]
+        assert rows_e["bytes_per_escalated_row"] == 2 * S
+        assert [n for n, *_ in hist_e["sent"]] == ["stats+candidates", "hist-coarse",
+                                                   "hist-boundary", "hist-stats", "escalation"]
+        assert hist_e["bytes_per_escalated_row"] == 2048 + 1024 + 16 + 2 * S / 12
+
+
 def test_runner_path_verifies_kimi_top_p_sharded(tp2_target_results):
     """The same step through ``vllm_runner.sample_step`` (the ``GPUModelRunner.sample``
     patch body) at T 1.0 / 0.6 with top_p 0.95: sharded (no fallback counted), equal to
