@@ -427,3 +427,50 @@ def test_crossover_against_batch_sharded_sampling_per_mode(cm):
             assert vc.price(cm, meas, "batch_sharded", prev, 3, mode).total_us >= \
                 vc.price(cm, meas, "sharded", prev, 3, mode).total_us
         assert f"| {vc.CROSSOVER_MODE_WORDS[mode]} | 3 | batch {c} |" in block
+
+
+# ---------------------------------------------------------------------------------------------
+# the escalation: whole shard rows or the histogram rounds
+# ---------------------------------------------------------------------------------------------
+
+
+def test_escalation_bytes_match_the_product_plan(cm):
+    """The cost model's escalation rounds are the product plan's rounds (bytes per rank,
+    names), at Kimi's vocabulary over 8 ranks: before 40,960 B per escalated row per rank,
+    after 3,088 B + the one whole-row slot shared by the step's escalated rows."""
+    from vllm_kimi_ext.verify.step_plan import HIST_MIN_SLOTS, plan_from_params
+
+    for B in (1, 9, 10, 16, 64):
+        for esc in vc.ESCALATIONS:
+            plan = plan_from_params([{"temperature": 1.0, "top_p": 0.95}] * B, tp_size=cm.tp,
+                                    vocab_size=V, num_rows=4 * B, max_rows_per_req=4,
+                                    escalation=esc)
+            priced = vc.price_escalation(cm, B, esc)
+            assert [(r.name, r.bytes_per_rank) for r in plan.rounds[1:]] == list(priced.rounds)
+            assert plan.bytes_per_escalated_row_per_rank == \
+                priced.bytes_per_escalated_row_per_rank
+    assert vc.price_escalation(cm, 64, "rows").bytes_per_escalated_row_per_rank == 40_960
+    assert vc.price_escalation(cm, 64, "hist").bytes_per_escalated_row_per_rank == \
+        2048 + 1024 + 16 + 40_960 / 64
+    # the plan's default switches to "hist" where its three all-gathers price below one
+    # whole-row all-gather on this PCIe profile
+    faster = [B for B in range(1, 65) if vc.price_escalation(cm, B, "hist").comm_us
+              < vc.price_escalation(cm, B, "rows").comm_us]
+    assert faster == list(range(HIST_MIN_SLOTS, 65))
+
+
+def test_hist_escalation_price_says_it_is_modelled(cm):
+    meas = vc.load_report(FIXTURE)
+    k, mode = 3, "top_p_T1"
+    rows_p = vc.price_sharded_escalation(cm, meas, 16, k, mode, "rows")
+    hist_p = vc.price_sharded_escalation(cm, meas, 16, k, mode, "hist")
+    assert rows_p.compute_us == hist_p.compute_us == meas.at(k, mode, 64, "ours_graph_us")
+    assert (rows_p.collectives, hist_p.collectives) == (2, 4)
+    assert "modelled, not measured" in hist_p.note and "modelled" not in rows_p.note
+    assert hist_p.sent_bytes_per_rank < rows_p.sent_bytes_per_rank
+    r1 = 64 * (5 + 2 * 128) * 4
+    assert math.isclose(hist_p.comm_us, vc._allgather_us(cm, r1 * cm.tp)
+                        + vc.price_escalation(cm, 16, "hist").comm_us)
+    md = "\n".join(vc.escalation_markdown(cm, meas))
+    assert "modelled, not measured" in md and "| 64 | 40,960 | 3,728 |" in md
+    assert vc.price_sharded_escalation(cm, None, 16, k, mode, "hist").note == vc.NOT_PRICED

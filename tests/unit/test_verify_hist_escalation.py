@@ -100,7 +100,8 @@ def test_edge_row_takes_a_whole_row_slot():
     b, z = _edge_batch(2)
     out, group, plan, _ = check_graph_step(z, b, PIN_V, 2, candidates=1, escalation="hist",
                                            row_fallback_slots=2)
-    assert plan.rounds[-1].name == "escalation" and plan.rounds[-1].rows == 2
+    assert plan.rounds[-1].name == "hist-stats+rows"
+    assert plan.rounds[-1].width == plan.escalation_slots * 16 + 2 * plan.shard_width * 2
     first = torch.tensor([0, 3])
     assert not bool(out.deferred[first].any())
     # without whole-row slots the same rows are deferred (fail closed), never cut

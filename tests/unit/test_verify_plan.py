@@ -47,19 +47,23 @@ def test_plan_numbers_per_mode():
     assert topk.bytes_sent_per_rank == rows * 4 * (5 + 2 * 128)
     assert _plan([{"temperature": 0.7, "top_k": 300}] * 16).candidates == 300
     top_p = _plan([{"temperature": 1.0, "top_p": 0.95}] * 16)
-    # bf16 top-p at 16 requests: the histogram escalation (three small rounds and one
-    # whole-row slot for rows it cannot cut exactly) sends fewer bytes than 16 whole rows
+    # bf16 top-p at 16 requests: the histogram escalation (three small rounds, the last one
+    # also carrying one whole-row slot for rows it cannot cut exactly) sends fewer bytes
+    # than 16 whole rows
     assert [(r.name, r.rows, r.width, r.element_bytes) for r in top_p.rounds] == [
         ("stats+candidates", rows, 5 + 2 * 128, 4), ("hist-coarse", 16, 256, 8),
-        ("hist-boundary", 16, 256, 4), ("hist-stats", 16, 4, 4), ("escalation", 1, KIMI_S, 2)]
+        ("hist-boundary", 16, 256, 4), ("hist-stats+rows", 1, 16 * 16 + KIMI_S * 2, 1)]
     assert top_p.escalation == "hist" and top_p.row_fallback_slots == 1
     assert top_p.bytes_per_escalated_row_per_rank == 2048 + 1024 + 16 + KIMI_S * 2 / 16
     rows_p = _plan([{"temperature": 1.0, "top_p": 0.95}] * 16, escalation="rows")
     assert [(r.name, r.rows, r.width, r.element_bytes) for r in rows_p.rounds][1:] == [
         ("escalation", 16, KIMI_S, 2)]
     assert rows_p.bytes_per_escalated_row_per_rank == 40_960
-    # one request: one whole row is fewer bytes than the histogram rounds plus a row slot
+    # one request: one whole row is fewer bytes than the histogram rounds plus a row slot;
+    # below HIST_MIN_SLOTS (10) one whole-row all-gather is the faster one on PCIe
     assert _plan([{"temperature": 1.0, "top_p": 0.95}]).escalation == "rows"
+    assert _plan([{"temperature": 1.0, "top_p": 0.95}] * 9).escalation == "rows"
+    assert _plan([{"temperature": 1.0, "top_p": 0.95}] * 10).escalation == "hist"
     # float32 logits and probabilistic drafts: whole rows only
     assert _plan([{"temperature": 1.0, "top_p": 0.95}] * 16, logits_bytes=4).escalation == "rows"
     assert _plan([{"temperature": 1.0, "top_p": 0.95}] * 16,
@@ -123,10 +127,9 @@ def test_plan_from_params_sharded_and_collective_count():
               {"temperature": 1.0, "min_p": 0.05}]
     plan = _plan(params)
     assert isinstance(plan, StepPlan)
-    assert [r.name for r in plan.rounds] == ["stats+candidates", "hist-coarse", "hist-boundary",
-                                             "hist-stats", "escalation"]
-    assert [r.name for r in _plan(params, escalation="rows").rounds] == [
-        "stats+candidates", "escalation"]
+    assert [r.name for r in plan.rounds] == ["stats+candidates", "escalation"]
+    assert [r.name for r in _plan(params, escalation="hist").rounds] == [
+        "stats+candidates", "hist-coarse", "hist-boundary", "hist-stats+rows"]
     assert _plan(params[:1]).num_collectives == 1
     assert _plan(params[1:2], probabilistic=True).num_collectives == 1  # top-k: no residual
     assert _plan([{"temperature": 0.7}], probabilistic=True).num_collectives == 2
@@ -138,8 +141,8 @@ def test_plan_from_params_sharded_and_collective_count():
     assert _plan(kimi, top_p_sharded=False).reason == "top_p"
     sharded = _plan(kimi)
     assert isinstance(sharded, StepPlan)
-    assert (sharded.escalation_slots, sharded.num_collectives) == (2, 5)
-    assert _plan(kimi, escalation="rows").num_collectives == 2
+    assert (sharded.escalation_slots, sharded.num_collectives) == (2, 2)  # rows: 2 slots
+    assert _plan(kimi, escalation="hist").num_collectives == 4
 
 
 @pytest.mark.parametrize("field,value,reason", [

@@ -543,3 +543,116 @@ def crossover_markdown(cm, meas: VerifyMeasurements | None = None) -> list[str]:
         "`VLLM_KIMI_EXT_SHARDED_VERIFY=1`.", "",
         "| sampling | k | batch-sharded sampling faster from | batches priced |",
         "|---|---:|---|---|", *rows, ""]
+
+
+# ---------------------------------------------------------------------------------------------
+# The sharded step's escalation: whole shard rows or the histogram rounds
+# ---------------------------------------------------------------------------------------------
+#: Escalation kinds of the sharded step (``verify.step_plan.ESCALATIONS``).
+ESCALATIONS = ("rows", "hist")
+#: Bytes one rank sends per escalated row in each all-gather of the histogram escalation,
+#: the buffers ``verify/step_hist.py`` allocates (``verify.step_plan.HIST_ROUNDS`` and
+#: ``HIST_STATS``: 256 float64 coarse bins, 256 int32 per-key counts of the boundary bin,
+#: 4 float32 statistics, the last round also carrying the whole-row slots); the cost model
+#: imports nothing outside itself, so a test keeps the two equal.
+HIST_ROUND_BYTES = (("hist-coarse", 256 * 8), ("hist-boundary", 256 * 4),
+                    ("hist-stats+rows", 4 * 4))
+#: Whole-row slots the histogram escalation keeps for rows it cannot cut exactly
+#: (``verify.step_plan.DEFAULT_ROW_FALLBACK_SLOTS``), sent in its last round.
+HIST_ROW_FALLBACK_SLOTS = 1
+#: Round 1 of a step with a cut: 5 statistics + 128 candidates as (value, id), float32
+#: (``verify.step_plan``: ``STAT_COLUMNS + 2 DEFAULT_CANDIDATES``).
+ROUND1_BYTES_PER_ROW = (5 + 2 * 128) * 4
+#: What the escalation's price is made of.
+ESCALATION_TIME_NOTE = ("modelled, not measured: its all-gathers priced on the PCIe model; "
+                        "no GPU timing of the histogram escalation yet, so the step's compute "
+                        "is the measured step with the whole-row escalation")
+
+
+@dataclasses.dataclass(frozen=True)
+class EscalationPrice:
+    """The escalation rounds of one sharded top-p step (every request's first row escalated:
+    ``slots = B``), per rank, on the PCIe collective model."""
+
+    escalation: str
+    batch: int
+    slots: int
+    rounds: tuple[tuple[str, int], ...]  # (name, bytes sent per rank)
+    comm_us: float
+
+    @property
+    def bytes_per_rank(self) -> int:
+        return sum(b for _, b in self.rounds)
+
+    @property
+    def bytes_per_escalated_row_per_rank(self) -> float:
+        return self.bytes_per_rank / max(self.slots, 1)
+
+
+def price_escalation(cm, batch: int, escalation: str, slots: int | None = None
+                     ) -> EscalationPrice:
+    """The escalation's all-gathers at ``batch`` requests (``slots``: escalation slots,
+    default one per request), each priced as the existing rounds are (one NCCL all-gather
+    of ``TP x`` the bytes one rank sends)."""
+    if escalation not in ESCALATIONS:
+        raise ValueError(f"escalation must be one of {ESCALATIONS}, not {escalation!r}")
+    tp, v, b = cm.tp, cm.model.vocab_size, cm.model.dtype_bytes
+    E = batch if slots is None else slots
+    row = math.ceil(v / tp) * b
+    if escalation == "rows":
+        rounds = (("escalation", E * row),)
+    else:
+        F = min(HIST_ROW_FALLBACK_SLOTS, E)
+        rounds = tuple((name, E * w + (F * row if name.endswith("+rows") else 0))
+                       for name, w in HIST_ROUND_BYTES)
+    return EscalationPrice(escalation, batch, E, rounds,
+                           sum(_allgather_us(cm, nb * tp) for _, nb in rounds))
+
+
+def price_sharded_escalation(cm, meas: VerifyMeasurements | None, batch: int, k: int,
+                             mode: str, escalation: str) -> VerifyPrice:
+    """The sharded top-p step with the given escalation: round 1 (statistics + candidates)
+    and the escalation's rounds on the PCIe model; compute: the measured step (its
+    escalation is the whole-row one: for ``"hist"`` the compute is modelled, see
+    :data:`ESCALATION_TIME_NOTE`). Not priced where the step is not measured."""
+    tp = cm.tp
+    rows = batch * (k + 1)
+    esc = price_escalation(cm, batch, escalation, min(batch, rows))
+    compute = None if meas is None else meas.at(k, mode, rows, "ours_graph_us")
+    if compute is None:
+        return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, None, 0.0, 0,
+                           0.0, 0.0, NOT_PRICED)
+    r1 = rows * ROUND1_BYTES_PER_ROW
+    sent = r1 + esc.bytes_per_rank
+    note = (f"{1 + len(esc.rounds)} NCCL all-gathers ({esc.bytes_per_escalated_row_per_rank:,.0f}"
+            f" B per escalated row per rank)")
+    if escalation == "hist":
+        note += f"; escalation {ESCALATION_TIME_NOTE}"
+    return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, compute,
+                       _allgather_us(cm, r1 * tp) + esc.comm_us, 1 + len(esc.rounds),
+                       sent, sent * (tp - 1), note)
+
+
+def escalation_markdown(cm, meas: VerifyMeasurements | None = None, k: int = 3,
+                        mode: str = DEFAULT_MODE,
+                        batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[str]:
+    """The table ``docs/sharded-verification.md`` shows: bytes per escalated row per rank and
+    the priced step with each escalation against batch-sharded sampling."""
+    meas = meas if meas is not None else measurements()
+    out = ["| batch | rows: B/escalated row/rank | hist: B/escalated row/rank | rows: comm µs "
+           "| hist: comm µs | sharded step, rows µs | sharded step, hist µs (modelled) "
+           "| batch-sharded µs |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for B in batches:
+        er, eh = price_escalation(cm, B, "rows"), price_escalation(cm, B, "hist")
+        pr, ph = (price_sharded_escalation(cm, meas, B, k, mode, e) for e in ESCALATIONS)
+        bs = price_batch_sharded(cm, meas, B, k, mode)
+
+        def us(p: VerifyPrice) -> str:
+            return "not priced" if p.total_us is None else f"{p.total_us:,.0f}"
+
+        out.append(f"| {B} | {er.bytes_per_escalated_row_per_rank:,.0f} | "
+                   f"{eh.bytes_per_escalated_row_per_rank:,.0f} | {er.comm_us:,.0f} | "
+                   f"{eh.comm_us:,.0f} | {us(pr)} | {us(ph)} | {us(bs)} |")
+    return out + ["", f"k = {k}, {mode}, one escalated row per request, {cm.tp} ranks, "
+                  f"V = {cm.model.vocab_size}. The histogram escalation's time is "
+                  f"{ESCALATION_TIME_NOTE}.", ""]

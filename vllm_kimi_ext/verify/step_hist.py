@@ -18,12 +18,15 @@ so the rounds run inside CUDA-graph capture and under the CPU stand-in):
    the bin gives the cut key and how many of its tied tokens are kept; the per-rank counts
    say how many of them each rank keeps (ties are kept in id order, ranks own increasing
    id ranges: rank ``r`` keeps ``need - (ties on ranks < r)``, clamped).
-3. **Statistics** (``hist-stats``, ``[E, 4]`` float32 per rank): the shard statistics
-   under the known cut (Gumbel-max, log-sum-exp, ``s_x``), merged as in round 1.
+3. **Statistics** (``hist-stats``, ``[E, 4]`` float32 per rank, as bytes): the shard
+   statistics under the known cut (Gumbel-max, log-sum-exp, ``s_x``), merged as in round 1.
 
-Fail closed: a row the rounds cannot cut exactly goes to ``plan.row_fallback_slots``
-whole-row slots (the ``"rows"`` escalation's gather and sort), in slot order; a row left
-without one is deferred like a row without an escalation slot. Such rows are those with
+Fail closed: a row the rounds cannot cut exactly goes to one of ``plan.row_fallback_slots``
+whole-row slots (``F``), in slot order: round 3 carries those slots' whole shard rows in the
+same all-gather (``E x 16 + F x S x 2`` bytes per rank), and every rank cuts them as the
+``"rows"`` escalation does (a sort of the gathered row). A row left without a slot is
+deferred like a row without an escalation slot, so ``F >= 1`` keeps a request whose first
+row sits on an edge from stalling. Such rows are those with
 top-k (the candidates of round 1 always certify them, so only a forced escalation sees
 one), a non-finite maximum, and rows whose running mass at the cut lies within
 :data:`EDGE_TOL` ``x Z`` of ``top_p x Z`` on either side: there the float64 sums' rounding
@@ -155,8 +158,17 @@ def escalate_hist(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, m
     st = shard_local_stats(z, t, thr, inp.draft[idx], inp.seeds[idx], inp.positions[idx],
                            col_offset, vocab_size, exclude_draft=True, backend=backend, width=4,
                            tie_col=tie_col)
-    g3 = all_gather(st.contiguous())  # [TP, E, 4]
-    gval, gidx = merge_argmax(g3[..., 0], g3[..., 1])
+    # round 3 carries the statistics and, in the same all-gather, the whole shard rows of
+    # the first F slots the rounds could not cut (bytes: float32 [E, 4] then [F, S] logits)
+    fidx, freal = _fallback_slots(idx, real & ~exact, F)
+    parts = [st.float().contiguous().view(torch.uint8).reshape(-1)]
+    if F:
+        parts.append(logits_shard.index_select(0, fidx).contiguous().view(torch.uint8)
+                     .reshape(-1))
+    g3 = all_gather(torch.cat(parts)[None])[:, 0]  # [TP, E * 16 + F * S * bytes] uint8
+    TP = g3.shape[0]
+    stats = g3[:, :E * 16].contiguous().view(torch.float32).view(TP, E, 4)
+    gval, gidx = merge_argmax(stats[..., 0], stats[..., 1])
     ok = real & exact
 
     def put(rows, cond, dst: torch.Tensor, val: torch.Tensor) -> None:
@@ -164,30 +176,31 @@ def escalate_hist(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, m
 
     put(idx, ok, merged.gval, gval)
     put(idx, ok, merged.gidx, gidx)
-    put(idx, ok, merged.lse, torch.logsumexp(g3[..., 2], dim=0))
-    put(idx, ok, merged.sx, g3[..., 3].max(dim=0).values)
+    put(idx, ok, merged.lse, torch.logsumexp(stats[..., 2], dim=0))
+    put(idx, ok, merged.sx, stats[..., 3].max(dim=0).values)
     put(idx, ok, merged.nucleus_margin, margin)
     assigned = torch.zeros_like(merged.uncertified)
     assigned[idx] = ok
     if F:
-        assigned |= _whole_rows(logits_shard, inp, merged, all_gather, idx, real & ~exact, F,
-                                vocab_size, backend)
+        rows = g3[:, E * 16:].contiguous().view(logits_shard.dtype).view(TP, F, S)
+        full = rows.permute(1, 0, 2).reshape(F, TP * S)[:, :vocab_size]
+        _whole_row_stats(full, fidx, freal, inp, merged, vocab_size, backend)
+        assigned[fidx] |= freal
     return merged.uncertified & ~assigned
 
 
-def _whole_rows(logits_shard, inp: StepInputs, merged: Merged, all_gather: AllGather,
-                idx: torch.Tensor, want: torch.Tensor, F: int, vocab_size: int,
-                backend: str) -> torch.Tensor:
-    """The ``"rows"`` escalation (one-hot drafts) for the first ``F`` slots in ``want``;
-    returns the rows it cut."""
+def _fallback_slots(idx: torch.Tensor, want: torch.Tensor, F: int):
+    """The first ``F`` slots in ``want`` (in slot order): their rows and which are real."""
     E = idx.shape[0]
     slot = torch.arange(E, device=idx.device)
-    order = torch.where(want, slot, slot + E)
-    pick = torch.topk(-order, F).indices  # the first F wanted slots, in slot order
-    fidx, freal = idx[pick], want[pick]
-    g = all_gather(logits_shard.index_select(0, fidx).contiguous())  # [TP, F, S]
-    TP, _, S = g.shape
-    full = g.permute(1, 0, 2).reshape(F, TP * S)[:, :vocab_size]
+    pick = torch.topk(-torch.where(want, slot, slot + E), F).indices
+    return idx[pick], want[pick]
+
+
+def _whole_row_stats(full: torch.Tensor, fidx: torch.Tensor, freal: torch.Tensor,
+                     inp: StepInputs, merged: Merged, vocab_size: int, backend: str) -> None:
+    """The ``"rows"`` escalation's cut and statistics (one-hot drafts) on gathered whole
+    rows ``full [F, V]`` of rows ``fidx``; updates ``merged`` where ``freal``."""
     t = inp.temperature[fidx]
     thr, tie, margin = exact_cut(scale_logits(full, t), inp.top_k[fidx], inp.min_p[fidx],
                                  inp.top_p[fidx])
@@ -198,6 +211,3 @@ def _whole_rows(logits_shard, inp: StepInputs, merged: Merged, all_gather: AllGa
                      (merged.lse, st[:, 2]), (merged.sx, st[:, 3]),
                      (merged.nucleus_margin, margin)):
         dst[fidx] = torch.where(freal, val.to(dst.dtype), dst[fidx])
-    done = torch.zeros_like(merged.uncertified)
-    done[fidx] = freal
-    return done

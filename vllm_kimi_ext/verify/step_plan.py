@@ -63,14 +63,22 @@ FLOAT_BYTES = 4
 ESCALATIONS = ("rows", "hist")
 #: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
 DEFAULT_ROW_FALLBACK_SLOTS = 1
+#: Fewest escalation slots at which ``"hist"`` is the default: below it one all-gather of
+#: whole rows is faster than three small ones on 8 PCIe GPUs at Kimi's vocabulary (the
+#: cost model's PCIe pricing, ``costmodel.verify_cost.price_escalation``; a test keeps
+#: the two in step).
+HIST_MIN_SLOTS = 10
 #: The ``"hist"`` escalation's all-gathers per picked row and rank, as
 #: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
-#: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte), the
-#: shard statistics under the found cut. :mod:`.step_hist` allocates exactly these.
+#: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte). Then
+#: one all-gather of bytes: the shard statistics under the found cut and the whole-row
+#: slots. :mod:`.step_hist` allocates exactly these.
 HIST_BINS = 256
 KEYS_PER_BIN = 256
-HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4),
-               ("hist-stats", 4, 4))
+HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4))
+#: Round 3's statistics per picked row (float32); the round is sent as bytes together with
+#: the whole-row slots' shard rows.
+HIST_STATS = 4
 
 FALLBACK_REASONS = (
     "vocab_too_large",
@@ -258,9 +266,9 @@ class StepPlan:
         E = self.escalation_slots
         if E and self.escalation == "hist":
             out.extend(Round(name, E, width, eb) for name, width, eb in HIST_ROUNDS)
-            if self.row_fallback_slots:
-                out.append(Round("escalation", self.row_fallback_slots, self.shard_width,
-                                 self.logits_bytes))
+            out.append(Round("hist-stats+rows", 1, E * HIST_STATS * FLOAT_BYTES
+                             + self.row_fallback_slots * self.shard_width * self.logits_bytes,
+                             1))
         elif E:
             out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
@@ -317,7 +325,8 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     need the residual round). ``escalation_slots`` defaults to the number of
     requests (every request's first row has a slot). ``escalation`` (one of
     :data:`ESCALATIONS`) defaults to ``"hist"`` where it is exact (16-bit logits, one-hot
-    drafts) and sends fewer bytes than whole rows, else ``"rows"``;
+    drafts), sends fewer bytes than whole rows and has at least :data:`HIST_MIN_SLOTS`
+    slots, else ``"rows"``;
     ``row_fallback_slots`` (``"hist"`` only) defaults to
     :data:`DEFAULT_ROW_FALLBACK_SLOTS`.
     """
@@ -341,7 +350,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
 
 def hist_bytes_per_slot() -> int:
     """Bytes per rank and escalation slot of the ``"hist"`` rounds (whole-row slots apart)."""
-    return sum(width * eb for _, width, eb in HIST_ROUNDS)
+    return sum(width * eb for _, width, eb in HIST_ROUNDS) + HIST_STATS * FLOAT_BYTES
 
 
 def choose_escalation(slots: int, shard_width: int, logits_bytes: int, probabilistic: bool,
@@ -357,7 +366,7 @@ def choose_escalation(slots: int, shard_width: int, logits_bytes: int, probabili
     if escalation is None:
         rows = slots * shard_width * logits_bytes
         hist = slots * hist_bytes_per_slot() + fb * shard_width * logits_bytes
-        escalation = "hist" if exact and slots and hist < rows else "rows"
+        escalation = "hist" if exact and slots >= HIST_MIN_SLOTS and hist < rows else "rows"
     return escalation, (fb if escalation == "hist" else 0)
 
 
