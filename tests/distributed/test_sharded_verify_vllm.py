@@ -59,10 +59,10 @@ def test_top_p_escalations_counted(tp2_target_results):
     counted on vLLM's own all-gather: whole shard rows take one escalation all-gather,
     the histogram escalation three (coarse bins, boundary bin, then statistics with one
     whole-row slot in the same all-gather); both equal the reference token for token with
-    no row deferred, and every counted byte is in the plan. Bytes per escalated row per rank come from the
-    counted tensors: 2 x 640 B (rows) and 2,048 + 1,024 + 16 B + 1 row slot / 12 (hist;
-    at this tiny vocabulary the histograms outweigh a 640-token shard row, at Kimi's they
-    are 13x smaller: ``test_verify_plan.py``)."""
+    no row deferred, and every counted byte is in the plan. Bytes per escalated row per
+    rank come from the counted tensors: 2 x 640 B (rows) and 2,048 + 1,024 + 16 B + one
+    row slot / 12 (hist; at this tiny vocabulary the histograms outweigh a 640-token shard
+    row, at Kimi's they are 13x smaller: ``test_verify_plan.py``)."""
     for rank, res in enumerate(tp2_target_results):
         p = res["verify"]["top_p"]
         for esc, calls_want in (("rows", 2), ("hist", 4)):
