@@ -5,7 +5,7 @@ verify step and against vLLM's batch-sharded sampling, per rank on one GPU
 
     python bench/kernels/bench_verify_graph.py [--vllm-src DIR] [--logits ROWS.pt]
         [--out-dir DIR] [--name NAME] [--quick] [--rounds N] [--per-graph N]
-        [--rows 4,16] [--ks 3] [--modes greedy,top_p_T1] [--escalation both|split]
+        [--rows 4,16] [--ks 3] [--modes greedy,top_p_T1] [--escalation both|split|hist]
     python bench/kernels/bench_verify_graph.py --dry-run --out-dir DIR   # CPU, no timing
 
 ``ROWS.pt``: bf16 logits rows of a real model (``bench/topp_fallback.py
@@ -22,7 +22,10 @@ Modes: ``top_p_T1`` (T = 1.0, top_p 0.95: Kimi's thinking mode), ``top_p_T0.6``
   so the merges are the real ones and communication itself is not timed.
   ``--escalation both`` (the default) also times the step with the escalation kernel it
   had before the split one (one program per row), when the code still has it; the
-  report says why when it does not.
+  report says why when it does not. ``--escalation split`` times the whole-row (split)
+  escalation alone, ``--escalation hist`` the histogram escalation (``StepPlan.escalation
+  == "hist"``: three small all-gathers, ``verify/step_hist.py``) in its place; the plan's
+  escalation is in each case's ``plan``.
 * ``vllm``: what every rank runs after today's full logits all-gather, captured in
   one CUDA graph, making the decisions vLLM's ``RejectionSampler._verify`` and
   ``Sampler.apply_sampling_params`` make for these sampling parameters: the float32
@@ -122,7 +125,7 @@ MODES = {
     "greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0},
     "topk_minp": {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": 0.05},
 }
-ESCALATIONS = ("both", "split")
+ESCALATIONS = ("both", "split", "hist")
 DRY_VLLM_NOTE = ("vLLM's kernels (rejection_sample, the batch shard plan, pack and unpack) "
                  "run by Triton's interpreter on CPU for the modes without top-k/top-p; "
                  "vLLM's top-k/top-p kernel does not run under the interpreter")
@@ -294,13 +297,15 @@ def old_escalation(step) -> str | None:
     return None
 
 
-def ours_case(z, b, vocab: int, backend: str, old: bool):
-    """``(plan, out, call, same_eager, same_graph, old_call, old_same, old_why)``."""
+def ours_case(z, b, vocab: int, backend: str, old: bool, escalation: str = "rows"):
+    """``(plan, out, call, same_eager, same_graph, old_call, old_same, old_why)``;
+    ``escalation``: the plan's (``"rows"``: whole rows, the split kernel; ``"hist"``)."""
     from testkit.verify_graph_sim import simulate_graph_step
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
     from vllm_kimi_ext.verify.step_plan import StepInputs
 
-    outs, group, plan = simulate_graph_step(z, b, TP, vocab, backend=backend)
+    outs, group, plan = simulate_graph_step(z, b, TP, vocab, backend=backend,
+                                            escalation=escalation)
     out = outs[0]
     S = -(-vocab // TP)
     shard0 = z[:, :S].contiguous()
@@ -441,7 +446,8 @@ def run_case(z, k: int, mname: str, args, kern: dict | None, gen, vocab: int) ->
     backend = "triton" if z.is_cuda else "torch"
     try:
         plan, out, call, same, old_call, old_same, old_why = ours_case(
-            z, b, vocab, backend, args.escalation != "split")
+            z, b, vocab, backend, args.escalation == "both",
+            "hist" if args.escalation == "hist" else "rows")
         bpr["ours"] = ours_traffic(plan, TP)
         case.update(payload_bytes_per_row_per_rank=plan.bytes_per_row_per_rank,
                     rounds=len(plan.rounds), plan=plan.describe(),
@@ -592,7 +598,7 @@ def run(args) -> dict:
             f"vLLM not run: {vinfo['how']} (--vllm-src, .vllm_src/ or build/vllm-0.34.0/)")
     if args.old_escalation_why:
         report["old_escalation"] = args.old_escalation_why
-    elif args.escalation != "split" and dry:
+    elif args.escalation == "both" and dry:
         report["old_escalation"] = "dry run: the torch backend has no escalation kernels"
     return report
 
@@ -731,7 +737,7 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--escalation", choices=ESCALATIONS, default="both",
                     help="both: also time our step with the old one-program-per-row "
                          "escalation kernel (when the code still has it); split: only the "
-                         "split escalation")
+                         "split (whole-row) escalation; hist: the histogram escalation")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, V = 4096, torch backend, nothing timed: the cases, checks, "
                          "byte counts and the report's schema")

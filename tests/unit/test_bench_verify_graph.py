@@ -279,3 +279,26 @@ def test_old_escalation_switch_fails_closed():
         _escalation_scratch: dict = {}
 
     assert "not available" in bvg.old_escalation(Moved())
+
+
+def test_escalation_hist_runs_the_histogram_escalation():
+    """``--escalation hist`` plans the histogram escalation (the GPU run times it); here a
+    Kimi-width case with 2 requests of flat rows on the torch backend: its plan's rounds and
+    the same tokens as the whole-row escalation."""
+    import torch
+
+    from vllm_kimi_ext.verify import VerifyBatch
+
+    g = torch.Generator().manual_seed(3)
+    V = 163840
+    z = (torch.randn(8, V, generator=g) * 0.3).to(torch.bfloat16)
+    b = VerifyBatch.from_draft_tokens(torch.randint(0, V, (2, 3), generator=g), [1.0, 1.0],
+                                      [1, 2], top_p=[0.95, 0.95])
+    got = {esc: bvg.ours_case(z, b, V, "torch", False, esc) for esc in ("rows", "hist")}
+    plans = {esc: r[0] for esc, r in got.items()}
+    assert [r.name for r in plans["hist"].rounds] == ["stats+candidates", "hist-coarse",
+                                                      "hist-boundary", "hist-stats+rows"]
+    assert plans["rows"].rounds[-1].name == "escalation"
+    assert all(r[3] for r in got.values())  # graph (stand-in) equals eager
+    assert torch.equal(got["rows"][1].sampled, got["hist"][1].sampled)
+    assert int(got["hist"][1].uncertified.sum()) > 0

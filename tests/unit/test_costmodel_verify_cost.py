@@ -474,3 +474,14 @@ def test_hist_escalation_price_says_it_is_modelled(cm):
     md = "\n".join(vc.escalation_markdown(cm, meas))
     assert "modelled, not measured" in md and "| 64 | 40,960 | 3,728 |" in md
     assert vc.price_sharded_escalation(cm, None, 16, k, mode, "hist").note == vc.NOT_PRICED
+
+
+def test_docs_escalation_table_is_the_priced_one(cm):
+    """docs/sharded-verification.md's escalation table: each of its rows is
+    ``escalation_markdown``'s row at that batch, from the measured report."""
+    text = (REPO / "docs" / "sharded-verification.md").read_text()
+    md = vc.escalation_markdown(cm, batches=tuple(range(1, 65)))
+    header = md[0]
+    assert header in text
+    table = text[text.index(header):].split("\n\n")[0].splitlines()[2:]
+    assert len(table) >= 4 and all(row in md for row in table), table
