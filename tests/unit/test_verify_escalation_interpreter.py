@@ -30,17 +30,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
-def test_split_escalation_in_interpreter():
+def _interpret(module: str) -> list[dict]:
+    """The cases ``python -m module`` prints, run by Triton's CPU interpreter."""
     assert importlib.util.find_spec("triton") is not None, (
         "triton is missing: install the test extras (pip install -e .[test])")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    r = subprocess.run([sys.executable, "-m", "testkit.verify_escalation_check"],
-                       capture_output=True, text=True, timeout=600, cwd=REPO, env=env,
-                       check=False)
+    r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True,
+                       timeout=600, cwd=REPO, env=env, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
-    cases = json.loads(r.stdout.strip().splitlines()[-1])["cases"]
+    return json.loads(r.stdout.strip().splitlines()[-1])["cases"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
+def test_split_escalation_in_interpreter():
+    cases = _interpret("testkit.verify_escalation_check")
     assert len(cases) == 10
     assert {c["kind"] for c in cases} >= {"ties_past_cut", "ties_past_cut_draft", "deep_cut"}
     for c in cases:
@@ -48,3 +52,18 @@ def test_split_escalation_in_interpreter():
         assert c["rows_compared"] >= 2 * c["escalated"], c  # every rank's rows
         assert c["scratch_steps"] == 2, c
         assert c["dirty"] == [], f"{c}: scratch left non-zero"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
+def test_hist_escalation_in_interpreter():
+    """The histogram escalation on the Triton backend (Triton merge with int8 flags, Triton
+    shard statistics and decision around the histogram rounds; ``testkit.verify_hist_check``):
+    the tie and deep-cut pins equal the reference with no whole-row slot (only rows without
+    an escalation slot deferred), and edge rows take the whole-row slots."""
+    cases = {c["kind"]: c for c in _interpret("testkit.verify_hist_check")}
+    assert set(cases) == {"ties_past_cut", "ties_past_cut_draft", "deep_cut_7", "edge"}
+    for c in cases.values():
+        assert c["escalation"] == "hist" and c["uncertified"] > 0, c
+        assert c["first_rows_deferred"] == [0] * len(c["first_rows_deferred"]), c
+        if c["whole_row_slots"] == 0:
+            assert c["deferred"] == c["uncertified"] - min(c["uncertified"], c["slots"]), c

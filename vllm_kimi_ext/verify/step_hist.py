@@ -143,11 +143,13 @@ def escalate_hist(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, m
                   all_gather: AllGather, rank: int, col_offset: int, vocab_size: int,
                   backend: str = "torch") -> torch.Tensor:
     """The ``"hist"`` escalation (see the module docstring) for one-hot drafts; updates
-    ``merged`` in place (``merged.row_max`` required) and returns the deferred rows."""
+    ``merged`` in place (``merged.row_max`` required) and returns the deferred rows (in the
+    dtype of ``merged.uncertified``: bool on the torch path, int8 on the Triton path)."""
     if logits_shard.dtype not in HALF_DTYPES:
         raise ValueError(f"the histogram escalation needs 16-bit logits, got {logits_shard.dtype}")
     E, F = plan.escalation_slots, plan.row_fallback_slots
-    idx, real = pick_slots(merged.uncertified, inp.row_in_req, E)
+    unc = merged.uncertified.bool()  # the Triton merge keeps int8 flags
+    idx, real = pick_slots(unc, inp.row_in_req, E)
     z = logits_shard.index_select(0, idx)
     S = z.shape[1]
     dev = z.device
@@ -179,14 +181,14 @@ def escalate_hist(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, m
     put(idx, ok, merged.lse, torch.logsumexp(stats[..., 2], dim=0))
     put(idx, ok, merged.sx, stats[..., 3].max(dim=0).values)
     put(idx, ok, merged.nucleus_margin, margin)
-    assigned = torch.zeros_like(merged.uncertified)
+    assigned = torch.zeros_like(unc)
     assigned[idx] = ok
     if F:
         rows = g3[:, E * 16:].contiguous().view(logits_shard.dtype).view(TP, F, S)
         full = rows.permute(1, 0, 2).reshape(F, TP * S)[:, :vocab_size]
         _whole_row_stats(full, fidx, freal, inp, merged, vocab_size, backend)
         assigned[fidx] |= freal
-    return merged.uncertified & ~assigned
+    return (unc & ~assigned).to(merged.uncertified.dtype)
 
 
 def _fallback_slots(idx: torch.Tensor, want: torch.Tensor, F: int):
