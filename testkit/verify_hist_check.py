@@ -6,8 +6,9 @@ reference on every rank (``check_graph_step`` asserts it).
 
     TRITON_INTERPRET=1 python -m testkit.verify_hist_check
 
-Prints a JSON summary: per case the escalated rows cut by the histograms, the deferred
-rows and whether an edge row took the whole-row slot.
+On the Triton backend the histogram rounds' shard passes are ``_hist_kernels``; their
+torch twins are compared on their own rows too. Prints a JSON summary: per case the
+escalated rows, the deferred rows and the first rows' deferral; the kernels' agreement.
 """
 
 from __future__ import annotations
@@ -31,6 +32,31 @@ def edge_case():
     return b, z.expand(b.num_rows, PIN_V).contiguous().to(torch.bfloat16)
 
 
+def kernel_twins() -> dict:
+    """``_hist_kernels``' two shard passes against their torch twins on bf16 rows with ties,
+    padding, a min-p cut, T 1.0 / 0.6 and 2,300 columns (two chunks): equal counts, masses
+    within 1e-12 relative."""
+    from vllm_kimi_ext.verify import _hist_kernels as hk
+    from vllm_kimi_ext.verify.reference import min_p_threshold, scale_logits
+    from vllm_kimi_ext.verify.step_hist import boundary_torch, coarse_torch
+
+    g = torch.Generator().manual_seed(9)
+    z = ((torch.randn(4, 2300, generator=g) * 2).round(decimals=1)).to(torch.bfloat16)
+    z[1, 100:140] = -0.0
+    t = torch.tensor([1.0, 0.6, 1.0, 0.6])
+    n_valid = 2250
+    m = scale_logits(z[:, :n_valid], t).max(dim=1).values
+    cutv = min_p_threshold(m, torch.tensor([0.0, 0.0, 0.05, 0.3]))
+    c_tri, c_ref = hk.coarse_hist(z, t, m, cutv, n_valid, 256), coarse_torch(z, t, m, cutv,
+                                                                              n_valid)
+    bin_id = c_ref.argmax(dim=1)
+    b_tri = hk.boundary_counts(z, t, cutv, bin_id, n_valid, 256)
+    b_ref = boundary_torch(z, t, cutv, bin_id, n_valid)
+    return {"coarse_close": bool(torch.allclose(c_tri, c_ref, rtol=1e-12, atol=0.0)),
+            "boundary_equal": bool(torch.equal(b_tri, b_ref)),
+            "boundary_tokens": int(b_ref.sum())}
+
+
 def main() -> None:
     cases = {"ties_past_cut": (ties_past_the_cut(16, past=4), 0),
              "ties_past_cut_draft": (ties_past_the_cut(16, past=4, draft_past=True), 0),
@@ -45,7 +71,7 @@ def main() -> None:
                     "slots": plan.escalation_slots, "whole_row_slots": slots,
                     "first_rows_deferred": [int(o.deferred[int(c)])
                                             for c in b.cu_num_rows[:-1]]})
-    print(json.dumps({"cases": out}))
+    print(json.dumps({"cases": out, "kernels": kernel_twins()}))
 
 
 if __name__ == "__main__":

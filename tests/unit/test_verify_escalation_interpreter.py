@@ -30,8 +30,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _interpret(module: str) -> list[dict]:
-    """The cases ``python -m module`` prints, run by Triton's CPU interpreter."""
+def _interpret(module: str) -> dict:
+    """The summary ``python -m module`` prints, run by Triton's CPU interpreter."""
     assert importlib.util.find_spec("triton") is not None, (
         "triton is missing: install the test extras (pip install -e .[test])")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
@@ -39,12 +39,12 @@ def _interpret(module: str) -> list[dict]:
     r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True,
                        timeout=600, cwd=REPO, env=env, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])["cases"]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
 def test_split_escalation_in_interpreter():
-    cases = _interpret("testkit.verify_escalation_check")
+    cases = _interpret("testkit.verify_escalation_check")["cases"]
     assert len(cases) == 10
     assert {c["kind"] for c in cases} >= {"ties_past_cut", "ties_past_cut_draft", "deep_cut"}
     for c in cases:
@@ -56,11 +56,15 @@ def test_split_escalation_in_interpreter():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
 def test_hist_escalation_in_interpreter():
-    """The histogram escalation on the Triton backend (Triton merge with int8 flags, Triton
-    shard statistics and decision around the histogram rounds; ``testkit.verify_hist_check``):
+    """The histogram escalation on the Triton backend (its shard passes in ``_hist_kernels``,
+    equal to their torch twins; the Triton merge with int8 flags, shard statistics and
+    decision around them; ``testkit.verify_hist_check``):
     the tie and deep-cut pins equal the reference with no whole-row slot (only rows without
     an escalation slot deferred), and edge rows take the whole-row slots."""
-    cases = {c["kind"]: c for c in _interpret("testkit.verify_hist_check")}
+    summary = _interpret("testkit.verify_hist_check")
+    assert summary["kernels"]["coarse_close"] and summary["kernels"]["boundary_equal"]
+    assert summary["kernels"]["boundary_tokens"] > 0
+    cases = {c["kind"]: c for c in summary["cases"]}
     assert set(cases) == {"ties_past_cut", "ties_past_cut_draft", "deep_cut_7", "edge"}
     for c in cases.values():
         assert c["escalation"] == "hist" and c["uncertified"] > 0, c

@@ -76,24 +76,51 @@ def _walk(mass_desc: torch.Tensor, start: torch.Tensor, target: torch.Tensor):
     return j, torch.where(j > 0, prev, start)
 
 
-def hist_cut(gather: AllGather, z: torch.Tensor, valid: torch.Tensor, t: torch.Tensor,
+def _live(z: torch.Tensor, s: torch.Tensor, n_valid: int, cutv: torch.Tensor) -> torch.Tensor:
+    cols = torch.arange(z.shape[1], device=z.device)
+    return (cols < n_valid)[None, :] & (s >= cutv[:, None]) & (s > float("-inf"))
+
+
+def coarse_torch(z: torch.Tensor, t: torch.Tensor, m: torch.Tensor, cutv: torch.Tensor,
+                 n_valid: int, bins: int = HIST_BINS) -> torch.Tensor:
+    """Round 1's shard pass: float64 ``[E, bins]``, per slot ``sum exp(s - m)`` of the
+    tokens the min-p cut keeps, by the ordered key's high byte (``_hist_kernels`` twin)."""
+    s = scale_logits(z, t)
+    w = torch.exp(s.double() - m.double()[:, None]).masked_fill(~_live(z, s, n_valid, cutv), 0.0)
+    out = torch.zeros((z.shape[0], bins), dtype=torch.float64, device=z.device)
+    return out.scatter_add_(1, ordered_key16(z) // KEYS_PER_BIN, w)
+
+
+def boundary_torch(z: torch.Tensor, t: torch.Tensor, cutv: torch.Tensor, bin_id: torch.Tensor,
+                   n_valid: int, keys: int = KEYS_PER_BIN) -> torch.Tensor:
+    """Round 2's shard pass: int32 ``[E, keys]``, per slot the kept tokens of each key in
+    its boundary bin ``bin_id``, by the key's low byte (``_hist_kernels`` twin)."""
+    s = scale_logits(z, t)
+    key = ordered_key16(z)
+    inside = _live(z, s, n_valid, cutv) & (key // KEYS_PER_BIN == bin_id[:, None])
+    out = torch.zeros((z.shape[0], keys), dtype=torch.int32, device=z.device)
+    return out.scatter_add_(1, key % KEYS_PER_BIN, inside.to(torch.int32))
+
+
+def hist_cut(gather: AllGather, z: torch.Tensor, n_valid: int, t: torch.Tensor,
              m: torch.Tensor, min_p: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
-             rank: int):
-    """Rounds 1-2 on this rank's picked rows ``z [E, S]`` (16-bit; ``valid [S]`` the
-    non-padding columns). Returns ``(thr, tie_col, margin, exact)``: the cut's value
-    ``s`` (float32), this shard's last kept tied column (local; ``-1``: none, ``S``: all),
-    the nucleus margin (float64, NaN without top-p) and whether the row was cut exactly."""
+             rank: int, triton: bool = False):
+    """Rounds 1-2 on this rank's picked rows ``z [E, S]`` (16-bit; the first ``n_valid``
+    columns are not padding; ``triton``: the shard passes of ``_hist_kernels``). Returns
+    ``(thr, tie_col, margin, exact)``: the cut's value ``s`` (float32), this shard's last
+    kept tied column (local; ``-1``: none, ``S``: all), the nucleus margin (float64, NaN
+    without top-p) and whether the row was cut exactly."""
     E, S = z.shape
     dev = z.device
+    coarse, boundary = coarse_torch, boundary_torch
+    if triton:
+        from . import _hist_kernels as hk
+
+        coarse, boundary = hk.coarse_hist, hk.boundary_counts
     s = scale_logits(z, t)
     cutv = min_p_threshold(m, min_p)
-    live = valid[None, :] & (s >= cutv[:, None]) & (s > float("-inf"))
-    key = ordered_key16(z)
     m64 = m.double()
-    w = torch.exp(s.double() - m64[:, None]).masked_fill(~live, 0.0)
-    coarse = torch.zeros((E, HIST_BINS), dtype=torch.float64, device=dev)
-    coarse.scatter_add_(1, key // KEYS_PER_BIN, w)
-    g1 = gather(coarse)  # [TP, E, HIST_BINS]
+    g1 = gather(coarse(z, t, m, cutv, n_valid, HIST_BINS))  # [TP, E, HIST_BINS]
     bins = g1[0]
     for r in range(1, g1.shape[0]):  # rank order: every rank adds the same numbers alike
         bins = bins + g1[r]
@@ -103,10 +130,7 @@ def hist_cut(gather: AllGather, z: torch.Tensor, valid: torch.Tensor, t: torch.T
     target = tp * Z
     b, above = _walk(desc, torch.zeros_like(Z), target)
     bin_id = (HIST_BINS - 1) - b
-    inside = live & (key // KEYS_PER_BIN == bin_id[:, None])
-    counts = torch.zeros((E, KEYS_PER_BIN), dtype=torch.int32, device=dev)
-    counts.scatter_add_(1, key % KEYS_PER_BIN, inside.to(torch.int32))
-    g2 = gather(counts)  # [TP, E, KEYS_PER_BIN]
+    g2 = gather(boundary(z, t, cutv, bin_id, n_valid, KEYS_PER_BIN))  # [TP, E, KEYS_PER_BIN]
     per_key = g2.to(torch.int64).sum(dim=0)
     keys = bin_id[:, None] * KEYS_PER_BIN + torch.arange(KEYS_PER_BIN, device=dev)
     sk = scale_logits(key_values(keys, z.dtype), t)  # [E, KEYS_PER_BIN] float32
@@ -132,7 +156,7 @@ def hist_cut(gather: AllGather, z: torch.Tensor, valid: torch.Tensor, t: torch.T
     tied = g2.to(torch.int64).gather(2, col[None, :, None].expand(g2.shape[0], E, 1))[..., 0]
     earlier = tied[:rank].sum(dim=0)
     keep = (need - earlier).clamp(min=0)
-    eq = (s == thr[:, None]) & valid[None, :]
+    eq = (s == thr[:, None]) & (torch.arange(S, device=dev) < n_valid)[None, :]
     tie_col = (eq.to(torch.int32).cumsum(1) < keep[:, None]).sum(dim=1)
     tie_col = torch.where(keep > 0, tie_col, torch.full_like(tie_col, -1))
     margin = torch.where(nucleus, margin, torch.full_like(margin, float("nan")))
@@ -152,11 +176,11 @@ def escalate_hist(logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan, m
     idx, real = pick_slots(unc, inp.row_in_req, E)
     z = logits_shard.index_select(0, idx)
     S = z.shape[1]
-    dev = z.device
-    valid = (torch.arange(S, device=dev) + col_offset) < vocab_size
+    n_valid = max(0, min(S, vocab_size - col_offset))
     t = inp.temperature[idx]
-    thr, tie_col, margin, exact = hist_cut(all_gather, z, valid, t, merged.row_max[idx],
-                                           inp.min_p[idx], inp.top_p[idx], inp.top_k[idx], rank)
+    thr, tie_col, margin, exact = hist_cut(all_gather, z, n_valid, t, merged.row_max[idx],
+                                           inp.min_p[idx], inp.top_p[idx], inp.top_k[idx], rank,
+                                           triton=backend == "triton")
     st = shard_local_stats(z, t, thr, inp.draft[idx], inp.seeds[idx], inp.positions[idx],
                            col_offset, vocab_size, exclude_draft=True, backend=backend, width=4,
                            tie_col=tie_col)
