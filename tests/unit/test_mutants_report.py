@@ -72,7 +72,9 @@ def test_the_config_covers_the_graph_step_and_the_escalation():
         assert f"vllm_kimi_ext/verify/{module}" not in verify.exclude
     assert "tests/unit/test_verify_graph_step.py" in verify.tests
     assert "tests/unit/test_verify_escalation_pins.py" in verify.tests
-    assert esc.paths == ("vllm_kimi_ext/verify/_escalate_kernels.py",)
+    assert esc.paths == ("vllm_kimi_ext/verify/_escalate_kernels.py",
+                         "vllm_kimi_ext/verify/_hist_kernels.py")
+    assert "tests/unit/test_verify_hist_escalation.py" in verify.tests
     assert esc.tests == ("tests/unit/test_verify_escalation_interpreter.py",)
     for pkg in mod.PACKAGES.values():
         for test in pkg.tests:
