@@ -312,7 +312,9 @@ def _outcomes(junit: Path) -> dict[str, str]:
 def _pytest(tree: Path, nodes: list[str], junit: Path, extra_path: str) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(tree), extra_path) if p), "VLLM_TARGET_DEVICE": "cpu"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+    # testkit.upstream_cpu: VllmConfig on a GPU-less x86 machine (both trees alike)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+           "testkit.upstream_cpu", "-o", "addopts=",
            "--rootdir", str(tree), "--timeout", "600", "-o", "junit_family=xunit1",
            f"--junitxml={junit}", *nodes]
     print("$ (cd", tree, "&&", " ".join(cmd[1:]) + ")", flush=True)
