@@ -284,11 +284,13 @@ def _load_draft(case: DraftCase, cfg, target):
         reports.append(report)
         return model
 
+    # the speculator passes its draft_runs_unsharded decision (patch 0006)
+    kwargs = {"unsharded": True} if _runs_unsharded(cfg) else {}
     real = eagle_utils.get_model
     eagle_utils.get_model = cpu_get_model
     try:
         with set_current_vllm_config(cfg):
-            model = eagle_utils.load_eagle_model(target, cfg)
+            model = eagle_utils.load_eagle_model(target, cfg, **kwargs)
     finally:
         eagle_utils.get_model = real
     return model, reports[0].unwritten

@@ -279,6 +279,34 @@ def patch_tests(tree: Path) -> list[PatchTests]:
     return out
 
 
+# First lines that only announce the error; the line that says it follows. pytest's
+# junit-xml shortens a long message attribute to its first line plus this suffix.
+_HEADER_ONLY = re.compile(r"(\d+ validation errors? for \w+|Regex pattern did not match\.)")
+_SHORTENED = re.compile(r"\s*\[\+\d+ more lines?; full report in element text\]$")
+_SAYS = ("Input:", "Actual message:", "Value error,")
+
+
+def _first_line(message: str, text: str = "") -> str:
+    """The failure's first line (200 characters at most); for a pydantic validation error
+    or a ``pytest.raises(match=...)`` mismatch, whose first line says nothing, joined with
+    the line that does (pydantic's ``Value error, ...``, pytest's ``Input:`` / ``Actual
+    message:``), looked up in the message and in the report's ``E`` lines."""
+    e_lines = [line[1:].strip() for line in text.splitlines()
+               if line.startswith("E ") and line[1:].strip()]
+    lines = [line.strip() for line in (message or text).strip().splitlines() if line.strip()]
+    if not message and e_lines:
+        lines = e_lines
+    if not lines:
+        return ""
+    first = _SHORTENED.sub("", lines[0])
+    if _HEADER_ONLY.search(first):
+        more = lines[1:] + e_lines
+        said = next((line for line in more if line.startswith(_SAYS)), None)
+        if said:
+            first = f"{first} {said}"
+    return first[:200]
+
+
 def _results(junit: Path) -> dict[str, tuple[str, str]]:
     """``file::test`` -> (passed / failed / skipped, the first line of the failure, error
     or skip message), from a pytest junit-xml report (parametrized cases folded into their
@@ -296,8 +324,7 @@ def _results(junit: Path) -> dict[str, tuple[str, str]]:
                 break
         message = ""
         if detail is not None:
-            lines = (detail.get("message") or detail.text or "").strip().splitlines()
-            message = lines[0][:200] if lines else ""
+            message = _first_line(detail.get("message") or "", detail.text or "")
         key = f"{path}::{name}"
         if key not in out or rank[outcome] > rank[out[key][0]]:
             out[key] = (outcome, message)
@@ -312,7 +339,9 @@ def _outcomes(junit: Path) -> dict[str, str]:
 def _pytest(tree: Path, nodes: list[str], junit: Path, extra_path: str) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(tree), extra_path) if p), "VLLM_TARGET_DEVICE": "cpu"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+    # testkit.upstream_cpu: VllmConfig on a GPU-less x86 machine (both trees alike)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+           "testkit.upstream_cpu", "-o", "addopts=",
            "--rootdir", str(tree), "--timeout", "600", "-o", "junit_family=xunit1",
            f"--junitxml={junit}", *nodes]
     print("$ (cd", tree, "&&", " ".join(cmd[1:]) + ")", flush=True)

@@ -108,6 +108,29 @@ def test_junit_results_keep_the_first_line_of_each_message(tmp_path):
                                   "tests/t.py::test_c": ("failed", "ImportError: y")}
 
 
+def test_junit_results_say_what_a_header_only_first_line_announces(tmp_path):
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase file="tests/t.py" name="test_a"><failure message="pydantic_core.'
+        'ValidationError: 1 validation error for SpeculativeConfig [+2 more lines; full '
+        'report in element text]">def test_a():&#10;E   pydantic_core.ValidationError: 1 '
+        'validation error for SpeculativeConfig&#10;E     Value error, Model architectures '
+        '[\'X\'] are not supported&#10;E       For further information</failure></testcase>'
+        '<testcase file="tests/t.py" name="test_b"><failure message="AssertionError: '
+        'Regex pattern did not match.&#10;  Regex: \'a\'&#10;  Input: \'b\'"/></testcase>'
+        '<testcase file="tests/t.py" name="test_c"><failure message="AssertionError: '
+        'Regex pattern did not match."/></testcase>'
+        '</testsuite></testsuites>')
+    assert uc._results(junit) == {
+        "tests/t.py::test_a": ("failed", "pydantic_core.ValidationError: 1 validation error "
+                               "for SpeculativeConfig Value error, Model architectures "
+                               "['X'] are not supported"),
+        "tests/t.py::test_b": ("failed", "AssertionError: Regex pattern did not match. "
+                               "Input: 'b'"),
+        "tests/t.py::test_c": ("failed", "AssertionError: Regex pattern did not match.")}
+
+
 P, F, S = ("passed", ""), ("failed", "AssertionError: stock"), ("skipped", "lacks X")
 
 

@@ -50,3 +50,14 @@ def test_plain_deepseek_v3_arch_as_eagle3_is_refused_with_reason(tiny_kimi_dir, 
             "method": "eagle3", "model": str(draft), "num_speculative_tokens": 2})
     msg = str(err.value)
     assert "was read as an MTP checkpoint" in msg and "Eagle3DeepseekV2ForCausalLM" in msg
+
+
+def test_doctor_keeps_the_heads_vllm_keeps():
+    """The draft doctor's list of EAGLE-3 head architectures is the patched rule's."""
+    from vllm.config.speculative import _is_eagle3_draft_architecture
+    from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
+
+    from vllm_kimi_ext.drafts.doctor.checks import EAGLE3_HEAD_ARCHITECTURES
+
+    kept = {a for a in _SPECULATIVE_DECODING_MODELS if _is_eagle3_draft_architecture(a)}
+    assert EAGLE3_HEAD_ARCHITECTURES == kept

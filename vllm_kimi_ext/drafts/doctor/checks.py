@@ -24,6 +24,14 @@ from .codes import finding
 CACHE_ONLY_ROPE_TYPES = frozenset({"default", "linear", "llama3", "ntk", "proportional"})
 # model_types that vLLM's hf_config_override rewrites into DeepSeek MTP drafts.
 _DEEPSEEK_MTP_REWRITTEN = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+#: The architectures vLLM 0.34.0's model registry implements with an EAGLE-3 head
+#: (``llama_eagle3``, ``qwen3_eagle3``, ``deepseek_eagle3``): the eagle3-deepseek-not-mtp
+#: patch keeps exactly these out of the DeepSeek MTP rewrite, whatever other names look like.
+EAGLE3_HEAD_ARCHITECTURES = frozenset({
+    "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3MiniMaxM2ForCausalLM",
+    "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM",
+    "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM",
+})
 _MTP_LAYER_PARTS = ("enorm.weight", "hnorm.weight", "eh_proj.weight",
                     "shared_head.norm.weight", "shared_head.head.weight",
                     "input_layernorm.weight", "post_attention_layernorm.weight",
@@ -59,7 +67,7 @@ def _arch(cfg: dict) -> str:
 
 
 def _is_eagle3_arch(arch: str) -> bool:
-    return arch.startswith("Eagle3") or arch.endswith("Eagle3")
+    return arch in EAGLE3_HEAD_ARCHITECTURES
 
 
 def infer_method(draft_cfg: dict, draft_name: str = "") -> str | None:
