@@ -183,6 +183,33 @@ def test_pricing_equals_an_independent_computation(cm, tmp_path):
     assert one.compute_rows == 4 and one.sent_bytes_per_rank == 4 * (V // 8) * 2 + 6 * 8
 
 
+def test_batch_sharded_uses_its_measured_column_where_the_report_has_it(cm, tmp_path):
+    """With ``batch_sharded_us`` in the report, batch-sharded sampling's compute is that
+    column at the batch's rows (not vLLM's verify on the owned rows), and its description
+    stops calling it a lower bound; a case without the column keeps the lower bound."""
+    cases = [dict(rows=r, k=3, mode="top_p_T1", temperature=1.0, top_p=0.95, ours_graph_us=o,
+                  vllm_graph_us=s, payload_bytes_per_row_per_rank=64, rounds=2,
+                  batch_sharded_us=b)
+             for r, o, s, b in ((4, 50.0, 100.0, 130.0), (16, 80.0, 160.0, None),
+                                (64, 90.0, 400.0, 190.0))]
+    m = vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+                                             date="FIXTURE", cases=cases)))
+    one = vc.price_batch_sharded(cm, m, 1, 3, "top_p_T1")  # 4 rows: measured 130
+    assert one.compute_us == pytest.approx(130.0) and "lower bound" not in one.note
+    # 16 rows (batch 4) has no column: interpolated between the measured 4 and 64 rows
+    four = vc.price_batch_sharded(cm, m, 4, 3, "top_p_T1")
+    assert four.compute_us == pytest.approx(130 + 60 * 12 / 60)
+    del cases[0]["batch_sharded_us"], cases[2]["batch_sharded_us"]
+    m = vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+                                             date="FIXTURE", cases=cases), "old.json"))
+    old = vc.price_batch_sharded(cm, m, 1, 3, "top_p_T1")
+    assert old.compute_us == pytest.approx(100.0) and "lower bound" in old.note
+    cases[0]["batch_sharded_us"] = -1.0
+    with pytest.raises(vc.VerifyReportError, match=r"cases\[0\].*batch_sharded_us"):
+        vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+                                             date="FIXTURE", cases=cases), "bad.json"))
+
+
 def test_outside_the_measured_rows_and_without_a_report_nothing_is_priced(cm, tmp_path,
                                                                         monkeypatch):
     m = _small(tmp_path)

@@ -21,9 +21,11 @@ measurement used as a forecast input for the RTX PRO 6000 tables, not a claim ab
 card. Row counts between two measured ones are interpolated linearly; outside the measured
 range, or without the report, a price is ``None`` ("not measured: not priced"), never an
 assumed number. ``batch_sharded`` runs vLLM's own kernels on the rows its busiest rank owns,
-so its compute is the measured ``vllm_graph_us`` at ``ceil(B / t) (k + 1)`` rows; its
-host-side shard plan and its pack/unpack kernels are not measured and not priced (its price
-is a lower bound).
+so its compute is the report's ``batch_sharded_us`` at the batch's ``B (k + 1)`` rows (the
+busiest rank's graph-captured shard plan, permute, verify on the ``ceil(B / t) (k + 1)`` rows
+it owns and packed output) where the report has that column, else the measured
+``vllm_graph_us`` at ``ceil(B / t) (k + 1)`` rows, without the shard plan and pack kernels
+(a lower bound, and the description says so).
 
 **Communication** uses the cost model's PCIe collective model (the hardware profile's
 latency table, all of whose points are published measurements, plus the fitted in-situ
@@ -88,6 +90,10 @@ class VerifyCase:
     vllm_graph_us: float
     payload_bytes_per_row_per_rank: float
     rounds: int
+    #: vLLM's batch-sharded sampling, the busiest rank's graph-captured work for these
+    #: ``rows`` (shard plan, permute, verify on its owned rows, packed output); None in a
+    #: report measured before the benchmark had the column.
+    batch_sharded_us: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +118,9 @@ class VerifyMeasurements:
 
     def at(self, k: int, mode: str, rows: float, field: str) -> float | None:
         """``field`` at ``rows``: measured, or linear between the two nearest measured row
-        counts; None outside the measured range."""
-        pts = [(c.rows, float(getattr(c, field))) for c in self.series(k, mode)]
+        counts; None outside the measured range (or where the field was not measured)."""
+        pts = [(c.rows, float(getattr(c, field))) for c in self.series(k, mode)
+               if getattr(c, field) is not None]
         for (r0, y0), (r1, y1) in zip(pts, pts[1:] + pts[-1:]):
             if rows == r0:
                 return y0
@@ -181,7 +188,16 @@ def _case(doc: Any, where: str) -> VerifyCase:
             doc, "payload_bytes_per_row_per_rank", (int, float), where,
             "a positive number of bytes", positive=True)),
         rounds=_positive_int(doc, "rounds", where),
+        batch_sharded_us=_optional_us(doc, "batch_sharded_us", where),
     )
+
+
+def _optional_us(doc: dict, field: str, where: str) -> float | None:
+    """An optional timed column: absent or null is None, else a positive number."""
+    if doc.get(field) is None:
+        return None
+    return float(require(doc, field, (int, float), where,
+                         "a positive number of microseconds, or null", positive=True))
 
 
 def parse_report(doc: Any, where: str) -> VerifyMeasurements:
@@ -335,15 +351,21 @@ def price_batch_sharded(cm, meas: VerifyMeasurements | None, batch: int, k: int,
     a2a_us = _allgather_us(cm, owned_rows * v * b)
     packed = owned_reqs * (k + 1 + BATCH_SHARD_EXTRA_COLUMNS) * INT64_BYTES
     out_us = _allgather_us(cm, packed * tp)
-    compute = None if meas is None else meas.at(k, mode, owned_rows, "vllm_graph_us")
+    # measured: the busiest rank's whole batch-sharded work at these rows (the report's
+    # batch_sharded_us); else vLLM's verify alone on the owned rows, a lower bound
+    measured = None if meas is None else meas.at(k, mode, rows, "batch_sharded_us")
+    if measured is not None:
+        compute, how = measured, "shard plan, permute, verify and pack measured"
+    else:
+        compute = None if meas is None else meas.at(k, mode, owned_rows, "vllm_graph_us")
+        how = "shard plan and pack kernels not priced (lower bound)"
     # the rank owning fewest requests sends the most; the one owning most receives the most
     sent = (rows - (batch // tp) * (k + 1)) * shard_row + packed
     received = owned_rows * (tp - 1) * shard_row + packed * (tp - 1)
     return VerifyPrice("batch_sharded", batch, k, mode, rows, owned_rows, compute,
                        a2a_us + out_us, 2, sent, received,
                        f"1 all-to-all ({owned_rows} full rows to the busiest rank) + 1 "
-                       f"all-gather of {packed} B per rank; shard plan and pack kernels not "
-                       "priced (lower bound)")
+                       f"all-gather of {packed} B per rank; {how}")
 
 
 #: The sampling mode the cost model's sharded-verifier row is priced in (Kimi's thinking
