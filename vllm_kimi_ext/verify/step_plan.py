@@ -63,11 +63,13 @@ FLOAT_BYTES = 4
 ESCALATIONS = ("rows", "hist")
 #: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
 DEFAULT_ROW_FALLBACK_SLOTS = 1
-#: Fewest escalation slots at which ``"hist"`` is the default: below it one all-gather of
-#: whole rows is faster than three small ones on 8 PCIe GPUs at Kimi's vocabulary (the
-#: cost model's PCIe pricing, ``costmodel.verify_cost.price_escalation``; a test keeps
-#: the two in step).
-HIST_MIN_SLOTS = 10
+#: The escalation a plan gets unless the caller names one. ``"rows"``: measured on one H200
+#: (``bench/reports/verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3,
+#: Kimi's top-p modes, CUDA graphs) the step with ``"hist"`` took 674-1,224 us per rank at
+#: 4-256 rows against 43-274 us with ``"rows"``, so its smaller exchange (3,088 B instead
+#: of 40,960 B per escalated row per rank) does not pay for its compute; ``"hist"`` stays
+#: selectable (``escalation="hist"``) and is not the default anywhere.
+DEFAULT_ESCALATION = "rows"
 #: The ``"hist"`` escalation's all-gathers per picked row and rank, as
 #: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
 #: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte). Then
@@ -324,9 +326,8 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     ``any_uncut_sampling``: some sampling row has no cut (probabilistic drafts then
     need the residual round). ``escalation_slots`` defaults to the number of
     requests (every request's first row has a slot). ``escalation`` (one of
-    :data:`ESCALATIONS`) defaults to ``"hist"`` where it is exact (16-bit logits, one-hot
-    drafts), sends fewer bytes than whole rows and has at least :data:`HIST_MIN_SLOTS`
-    slots, else ``"rows"``;
+    :data:`ESCALATIONS`) defaults to :data:`DEFAULT_ESCALATION` (``"rows"``, measured faster);
+    ``"hist"`` needs 16-bit logits and one-hot drafts;
     ``row_fallback_slots`` (``"hist"`` only) defaults to
     :data:`DEFAULT_ROW_FALLBACK_SLOTS`.
     """
@@ -364,9 +365,7 @@ def choose_escalation(slots: int, shard_width: int, logits_bytes: int, probabili
     fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
     fb = max(0, min(fb, slots))
     if escalation is None:
-        rows = slots * shard_width * logits_bytes
-        hist = slots * hist_bytes_per_slot() + fb * shard_width * logits_bytes
-        escalation = "hist" if exact and slots >= HIST_MIN_SLOTS and hist < rows else "rows"
+        escalation = DEFAULT_ESCALATION
     return escalation, (fb if escalation == "hist" else 0)
 
 
