@@ -371,11 +371,12 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
     assert packaged.read_text() == FIXTURE.read_text()
 
 
-def test_package_copy_equals_the_checkout_report():
-    bench = REPO / vc.REPORT_NAME
-    packaged = vc.DEFAULT_REPORT
+@pytest.mark.parametrize("name, packaged", [(vc.REPORT_NAME, vc.DEFAULT_REPORT),
+                                             (vc.HIST_REPORT_NAME, vc.DEFAULT_HIST_REPORT)])
+def test_package_copy_equals_the_checkout_report(name, packaged):
+    bench = REPO / name
     assert bench.is_file() == packaged.is_file(), \
-        f"{packaged} and {vc.REPORT_NAME} must both exist or neither: run nox -s docs"
+        f"{packaged} and {name} must both exist or neither: run nox -s docs"
     if bench.is_file():
         assert packaged.read_bytes() == bench.read_bytes(), "stale package copy: nox -s docs"
 
@@ -501,6 +502,31 @@ def test_hist_escalation_price_says_it_is_modelled(cm):
     md = "\n".join(vc.escalation_markdown(cm, meas))
     assert "modelled, not measured" in md and "| 64 | 40,960 | 3,728 |" in md
     assert vc.price_sharded_escalation(cm, None, 16, k, mode, "hist").note == vc.NOT_PRICED
+
+
+def test_hist_step_is_priced_from_its_measured_report(cm, tmp_path):
+    """With a histogram-escalation report at these rows, the hist step's compute is that
+    report's (not the whole-row step's) and the note says measured; rows the hist report
+    lacks stay modelled and say so."""
+    meas = vc.load_report(FIXTURE)
+    k, mode = 3, "top_p_T1"
+    base = meas.at(k, mode, 64, "ours_graph_us")
+    cases = [dict(rows=64, k=3, mode=mode, temperature=1.0, top_p=0.95,
+                  ours_graph_us=base * 7 + 1, vllm_graph_us=100.0,
+                  payload_bytes_per_row_per_rank=64, rounds=4)]
+    hist = vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+                                                date="FIXTURE", cases=cases)))
+    p = vc.price_sharded_escalation(cm, meas, 16, k, mode, "hist", hist)
+    assert p.compute_us == pytest.approx(base * 7 + 1)
+    assert vc.ESCALATION_MEASURED_NOTE in p.note and vc.ESCALATION_TIME_NOTE not in p.note
+    other = vc.price_sharded_escalation(cm, meas, 4, k, mode, "hist", hist)  # 16 rows
+    assert other.compute_us == meas.at(k, mode, 16, "ours_graph_us")
+    assert vc.ESCALATION_TIME_NOTE in other.note
+    # the shipped report: the hist step is measured slower than the whole-row step
+    shipped = vc.hist_measurements()
+    for rows in (4, 16, 64, 256):
+        assert shipped.at(k, mode, rows, "ours_graph_us") > \
+            vc.measurements().at(k, mode, rows, "ours_graph_us")
 
 
 def test_docs_escalation_table_is_the_priced_one(cm):

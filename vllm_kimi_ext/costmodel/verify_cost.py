@@ -265,6 +265,19 @@ def _cached(path: str, mtime_ns: int) -> VerifyMeasurements:
     return load_report(path)
 
 
+#: The same benchmark run with ``--escalation hist`` (k = 3, Kimi's two top-p modes): the
+#: step with the histogram escalation; the package reads its copy under ``profiles/verify/``.
+HIST_REPORT_NAME = "bench/reports/verify_hist_h200.json"
+DEFAULT_HIST_REPORT = Path(str(resources.files("vllm_kimi_ext.costmodel").joinpath(
+    "profiles", "verify", "verify_hist_h200.json")))
+
+
+def hist_measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
+    """The histogram escalation's measured report (default :data:`DEFAULT_HIST_REPORT`), or
+    None when it does not exist."""
+    return measurements(path if path is not None else DEFAULT_HIST_REPORT)
+
+
 def measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
     """The measured report (default: :data:`DEFAULT_REPORT`), or None when it does not
     exist. A report that exists but is malformed raises :class:`VerifyReportError`."""
@@ -587,8 +600,11 @@ HIST_ROW_FALLBACK_SLOTS = 1
 ROUND1_BYTES_PER_ROW = (5 + 2 * 128) * 4
 #: What the escalation's price is made of.
 ESCALATION_TIME_NOTE = ("modelled, not measured: its all-gathers priced on the PCIe model; "
-                        "no GPU timing of the histogram escalation yet, so the step's compute "
-                        "is the measured step with the whole-row escalation")
+                        "no GPU timing of the histogram escalation at these rows, so the step's "
+                        "compute is the measured step with the whole-row escalation")
+#: ... and where the histogram step itself was measured.
+ESCALATION_MEASURED_NOTE = (f"its compute measured on one H200 ({HIST_REPORT_NAME}, CUDA graph), "
+                            "its all-gathers priced on the PCIe model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -632,15 +648,21 @@ def price_escalation(cm, batch: int, escalation: str, slots: int | None = None
 
 
 def price_sharded_escalation(cm, meas: VerifyMeasurements | None, batch: int, k: int,
-                             mode: str, escalation: str) -> VerifyPrice:
+                             mode: str, escalation: str,
+                             hist_meas: VerifyMeasurements | None = None) -> VerifyPrice:
     """The sharded top-p step with the given escalation: round 1 (statistics + candidates)
-    and the escalation's rounds on the PCIe model; compute: the measured step (its
-    escalation is the whole-row one: for ``"hist"`` the compute is modelled, see
+    and the escalation's rounds on the PCIe model; compute: the measured step (``meas``, the
+    whole-row escalation; for ``"hist"`` the step measured with it, ``hist_meas``, where that
+    report has these rows, else the whole-row step's as a model, see
     :data:`ESCALATION_TIME_NOTE`). Not priced where the step is not measured."""
     tp = cm.tp
     rows = batch * (k + 1)
     esc = price_escalation(cm, batch, escalation, min(batch, rows))
     compute = None if meas is None else meas.at(k, mode, rows, "ours_graph_us")
+    hist_us = None
+    if escalation == "hist" and compute is not None and hist_meas is not None:
+        hist_us = hist_meas.at(k, mode, rows, "ours_graph_us")
+        compute = compute if hist_us is None else hist_us
     if compute is None:
         return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, None, 0.0, 0,
                            0.0, 0.0, NOT_PRICED)
@@ -649,7 +671,8 @@ def price_sharded_escalation(cm, meas: VerifyMeasurements | None, batch: int, k:
     note = (f"{1 + len(esc.rounds)} NCCL all-gathers ({esc.bytes_per_escalated_row_per_rank:,.0f}"
             f" B per escalated row per rank)")
     if escalation == "hist":
-        note += f"; escalation {ESCALATION_TIME_NOTE}"
+        note += "; escalation " + (ESCALATION_TIME_NOTE if hist_us is None
+                                   else ESCALATION_MEASURED_NOTE)
     return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, compute,
                        _allgather_us(cm, r1 * tp) + esc.comm_us, 1 + len(esc.rounds),
                        sent, sent * (tp - 1), note)
@@ -657,24 +680,32 @@ def price_sharded_escalation(cm, meas: VerifyMeasurements | None, batch: int, k:
 
 def escalation_markdown(cm, meas: VerifyMeasurements | None = None, k: int = 3,
                         mode: str = DEFAULT_MODE,
-                        batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[str]:
+                        batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+                        hist_meas: VerifyMeasurements | None = None) -> list[str]:
     """The table ``docs/sharded-verification.md`` shows: bytes per escalated row per rank and
-    the priced step with each escalation against batch-sharded sampling."""
+    the priced step with each escalation against batch-sharded sampling; a hist cell marked
+    ``*`` is modelled (no measured histogram step at its rows)."""
     meas = meas if meas is not None else measurements()
+    hist_meas = hist_meas if hist_meas is not None else hist_measurements()
     out = ["| batch | rows: B/escalated row/rank | hist: B/escalated row/rank | rows: comm µs "
-           "| hist: comm µs | sharded step, rows µs | sharded step, hist µs (modelled) "
+           "| hist: comm µs | sharded step, rows µs | sharded step, hist µs "
            "| batch-sharded µs |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for B in batches:
         er, eh = price_escalation(cm, B, "rows"), price_escalation(cm, B, "hist")
-        pr, ph = (price_sharded_escalation(cm, meas, B, k, mode, e) for e in ESCALATIONS)
+        pr, ph = (price_sharded_escalation(cm, meas, B, k, mode, e, hist_meas)
+                  for e in ESCALATIONS)
         bs = price_batch_sharded(cm, meas, B, k, mode)
 
         def us(p: VerifyPrice) -> str:
-            return "not priced" if p.total_us is None else f"{p.total_us:,.0f}"
+            if p.total_us is None:
+                return "not priced"
+            return f"{p.total_us:,.0f}" + ("*" if ESCALATION_TIME_NOTE in p.note else "")
 
         out.append(f"| {B} | {er.bytes_per_escalated_row_per_rank:,.0f} | "
                    f"{eh.bytes_per_escalated_row_per_rank:,.0f} | {er.comm_us:,.0f} | "
                    f"{eh.comm_us:,.0f} | {us(pr)} | {us(ph)} | {us(bs)} |")
+    src = "no report" if hist_meas is None else f"{hist_meas.hardware_text()}, {hist_meas.date}"
     return out + ["", f"k = {k}, {mode}, one escalated row per request, {cm.tp} ranks, "
-                  f"V = {cm.model.vocab_size}. The histogram escalation's time is "
+                  f"V = {cm.model.vocab_size}. The histogram step's compute is "
+                  f"{ESCALATION_MEASURED_NOTE} ({src}); a cell marked * is "
                   f"{ESCALATION_TIME_NOTE}.", ""]

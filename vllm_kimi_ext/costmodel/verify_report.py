@@ -62,6 +62,21 @@ def _plan(draft: str, k: int, batch: int) -> tuple[Plan, object]:
     return Plan(k=k, draft=d, batch=batch), from_draft_profile(d.acceptance)
 
 
+def _batch_sharded_compute(meas) -> str:
+    """How batch-sharded sampling's compute is taken, for what the report holds."""
+    have = sum(c.batch_sharded_us is not None for c in meas.cases)
+    if have == len(meas.cases):
+        return ("Batch-sharded sampling's compute is its busiest rank's measured work "
+                "(`batch_sharded_us`: shard plan, permute, vLLM's verify on the rows of the "
+                "`ceil(B/8)` requests it owns, packed output; graph-captured).")
+    lower = ("vLLM's verify alone on its busiest rank's rows (`ceil(B/8)(k+1)`), without its "
+             "shard plan and pack kernels (a lower bound)")
+    if have:
+        return (f"Batch-sharded sampling's compute is its busiest rank's measured work "
+                f"(`batch_sharded_us`) in {have} of {len(meas.cases)} cases, elsewhere {lower}.")
+    return f"Batch-sharded sampling's compute is {lower}."
+
+
 def _comm_only(cm: CostModel, k: int) -> list[str]:
     rows = []
     for b in BATCHES:
@@ -192,9 +207,8 @@ def verify_markdown(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) ->
         f"{meas.hardware_text()} time** (per rank, CUDA graph, communication excluded): a "
         "forecast input for the 8x RTX PRO 6000 tables, not a measurement of an RTX PRO 6000"
         f"{_bandwidth_note(cm, meas)}. Row counts between measured ones are interpolated "
-        f"linearly; outside them: {vc.NOT_PRICED}. Batch-sharded sampling runs vLLM's kernels "
-        "on its busiest rank's rows (`ceil(B/8)(k+1)`); its shard plan and pack kernels are not "
-        "priced (a lower bound), and its all-to-all is priced as the all-gather with the same "
+        f"linearly; outside them: {vc.NOT_PRICED}. {_batch_sharded_compute(meas)} Its "
+        "all-to-all is priced as the all-gather with the same "
         "bytes received per rank (a rule: no all-to-all is measured on this box). Cells: "
         "compute + communication = verify step, us; gains in tokens/s over stock.", ""]
     for draft, k in CONFIGS:
@@ -271,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             meas = vc.load_report(args.report)
         else:
             check = bool(args.check_docs)
-            if sync_package_copy(docs.resolve().parent / vc.REPORT_NAME, check) and check:
+            root = docs.resolve().parent
+            stale = [sync_package_copy(root / name, check, dst) for name, dst in (
+                (vc.REPORT_NAME, vc.DEFAULT_REPORT),
+                (vc.HIST_REPORT_NAME, vc.DEFAULT_HIST_REPORT))]
+            if any(stale) and check:
                 return 1
             meas = vc.measurements()
     except vc.VerifyReportError as exc:
@@ -293,15 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sync_package_copy(report: Path, check: bool = False) -> bool:
-    """Make the package's copy of the measured report equal ``report`` (the checkout's
-    ``bench/reports`` file), after checking it; with ``check``, only say whether it differs.
+def sync_package_copy(report: Path, check: bool = False, dst: Path | None = None) -> bool:
+    """Make the package's copy ``dst`` (default: the verify-step report's) of a measured
+    report equal ``report`` (the checkout's ``bench/reports`` file), after checking it; with ``check``, only say whether it differs.
     Returns True when the copy is (check) or was (write) stale. Without ``report`` the
     package copy is left as it is."""
     if not report.is_file():
         return False
     vc.load_report(report)  # a malformed report is refused before anything is written
-    data, dst = report.read_bytes(), vc.DEFAULT_REPORT
+    data, dst = report.read_bytes(), (vc.DEFAULT_REPORT if dst is None else dst)
     if dst.is_file() and dst.read_bytes() == data:
         return False
     if check:

@@ -17,7 +17,8 @@ never imported here: the glue that runs inside vLLM's model runner is
   :func:`.ranks.use_triton`); :mod:`.kernels` / :mod:`._triton_kernels`: the fused
   shard statistics and the shared Triton helpers; :mod:`.step_hist`: the histogram
   escalation (``StepPlan.escalation == "hist"``: the exact top-p / min-p cut of bf16 rows
-  from three small all-gathers instead of whole shard rows);
+  from three small all-gathers instead of whole shard rows; opt-in: measured slower on a
+  GPU than the whole-row default);
 * :mod:`.ranks`: the shard geometry and the ``all_gather`` adapters
   (``torch.distributed``, vLLM's ``GroupCoordinator``, a counting wrapper);
 * :mod:`.reference`: :class:`ReferenceVerifier`, vLLM's standard rejection rules on full
