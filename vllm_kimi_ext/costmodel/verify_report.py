@@ -313,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def sync_package_copy(report: Path, check: bool = False, dst: Path | None = None) -> bool:
     """Make the package's copy ``dst`` (default: the verify-step report's) of a measured
-    report equal ``report`` (the checkout's ``bench/reports`` file), after checking it; with ``check``, only say whether it differs.
+    report equal ``report`` (the checkout's ``bench/reports`` file), after checking it;
+    with ``check``, only say whether it differs.
     Returns True when the copy is (check) or was (write) stale. Without ``report`` the
     package copy is left as it is."""
     if not report.is_file():
