@@ -349,11 +349,6 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
                     logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb)
 
 
-def hist_bytes_per_slot() -> int:
-    """Bytes per rank and escalation slot of the ``"hist"`` rounds (whole-row slots apart)."""
-    return sum(width * eb for _, width, eb in HIST_ROUNDS) + HIST_STATS * FLOAT_BYTES
-
-
 def choose_escalation(slots: int, shard_width: int, logits_bytes: int, probabilistic: bool,
                       escalation: str | None, row_fallback_slots: int | None) -> tuple[str, int]:
     """``(escalation, row_fallback_slots)`` of a plan with ``slots`` escalation slots."""
