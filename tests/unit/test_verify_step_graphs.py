@@ -89,3 +89,19 @@ def test_uncaptured_steps_are_counted_and_logged_once(caplog):
     assert graphs.replayed == 1
     logged = [r.getMessage() for r in caplog.records if "without a captured graph" in r.message]
     assert len(logged) == 3 and any("plan_not_captured" in m for m in logged)
+
+
+def test_graphs_warmed_up_for_bare_cuda_are_found_by_the_logits_device(monkeypatch):
+    """Warm-up with ``"cuda"`` (no index) keys its graphs by the current device, ``cuda:N``,
+    as the logits' ``str(device)`` reads while serving: a bare ``"cuda"`` key was never found
+    again, so every step on a GPU ran uncaptured (seen on an H200: plan_not_captured)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert str(gs.canonical_device("cuda")) == "cuda:3"
+    assert str(gs.canonical_device(torch.device("cuda", 1))) == "cuda:1"
+    assert str(gs.canonical_device("cpu")) == "cpu"
+    seen = []
+    step = GraphVerifyStep(600, 1, 0, lambda t: t[None], backend="torch")
+    graphs = StepGraphs(step, max_reqs=2, rows_per_req=4, capture_sizes=(2,))
+    monkeypatch.setattr(graphs, "_capture", lambda q, fl, dtype, dev, qw: seen.append(str(dev)))
+    graphs.warm_up(torch.bfloat16, "cuda")
+    assert seen and set(seen) == {"cuda:3"}

@@ -254,6 +254,16 @@ class _Captured:
         self.graph.replay()
 
 
+def canonical_device(device) -> torch.device:
+    """``device`` as the logits will carry it: ``"cuda"`` without an index is the current
+    CUDA device (``cuda:N``), so a graph captured for it is found again by the logits'
+    ``str(device)`` while serving."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class StepGraphs:
     """The step's graphs for a fixed list of padded request counts, captured at warm-up
     (:meth:`warm_up`) and never during serving, as vLLM does for its own graphs.
@@ -318,9 +328,10 @@ class StepGraphs:
         the same order, before serving (vLLM's ``capture_model``)."""
         self._bytes = torch.empty((), dtype=logits_dtype).element_size()
         flavours = ONE_HOT_FLAVOURS + (PROBABILISTIC_FLAVOURS if probabilistic else ())
+        dev = canonical_device(device)
         for q in self.capture_sizes:
             for fl in flavours:
-                self._capture(q, fl, logits_dtype, torch.device(device), q_width)
+                self._capture(q, fl, logits_dtype, dev, q_width)
         return len(self._graphs)
 
     def _buffers(self, dtype, device, q_width) -> dict:
