@@ -339,8 +339,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     if may_escalate and not all_greedy:
         e = max(num_reqs, escalation_slots or 0)
         e = min(e, num_rows)
-    esc, fb = choose_escalation(e, shard_width, logits_bytes, probabilistic, escalation,
-                                row_fallback_slots)
+    esc, fb = choose_escalation(e, logits_bytes, probabilistic, escalation, row_fallback_slots)
     return StepPlan(tp_size=tp_size, num_rows=num_rows, num_reqs=num_reqs,
                     max_rows_per_req=max_rows_per_req, candidates=w, escalation_slots=e,
                     all_greedy=all_greedy,
@@ -349,7 +348,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
                     logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb)
 
 
-def choose_escalation(slots: int, shard_width: int, logits_bytes: int, probabilistic: bool,
+def choose_escalation(slots: int, logits_bytes: int, probabilistic: bool,
                       escalation: str | None, row_fallback_slots: int | None) -> tuple[str, int]:
     """``(escalation, row_fallback_slots)`` of a plan with ``slots`` escalation slots."""
     if escalation is not None and escalation not in ESCALATIONS:
