@@ -66,8 +66,26 @@ def _parse_path(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
 
-_PARSERS = {"bool": _parse_bool, "steps": _parse_steps, "path": _parse_path}
-_VALUES = {"bool": "on / off", "steps": "N steps", "path": "directory"}
+def _parse_handoff(name: str, raw: str) -> str | int:
+    """``"auto"``, or the smallest request count N >= 1 (0 = never)."""
+    word = raw.strip().lower()
+    if word in ("auto", ""):
+        return "auto"
+    if word in FALSE_WORDS or word == "never":
+        return 0
+    try:
+        n = int(word)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise EnvError(f"{name}={raw!r}: expected auto, off (never) or a request count N >= 1")
+    return n
+
+
+_PARSERS = {"bool": _parse_bool, "steps": _parse_steps, "path": _parse_path,
+            "handoff": _parse_handoff}
+_VALUES = {"bool": "on / off", "steps": "N steps", "path": "directory",
+           "handoff": "auto / off / N requests"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +93,7 @@ class Flag:
     """One environment variable: ``get()`` reads and parses it now."""
 
     name: str
-    kind: str  # "bool" | "steps" | "path"
+    kind: str  # "bool" | "steps" | "path" | "handoff"
     default: Any
     doc: str
     #: the default as the README table shows it
@@ -118,6 +136,13 @@ SHARDED_VERIFY_GRAPHS = Flag(
     "with `VLLM_KIMI_EXT_SHARDED_VERIFY`: capture the verification step's CUDA graphs at "
     "warm-up for a fixed list of padded request counts and replay them (steps no graph "
     "fits run eagerly, counted; off: run every step eagerly)", "on")
+SHARDED_VERIFY_HANDOFF = Flag(
+    "VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF", "handoff", "auto",
+    "with `VLLM_KIMI_EXT_SHARDED_VERIFY` and vLLM's `--enable-batch-sharded-sampling` both "
+    "on: which top-p / min-p verification steps go to batch-sharded sampling instead: `auto` "
+    "from the crossover batch priced from the measured verify-step report for the runner's "
+    "k and the step's temperature (every step where it is not priced), `N` steps of N or "
+    "more requests, `off` none (other steps always stay sharded)", "auto")
 REPLICATE_DRAFT_EMBEDDING = Flag(
     "VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING", "bool", False,
     "keep a whole copy of a sharded EAGLE / EAGLE-3 / MTP draft's input embedding on every "
@@ -133,7 +158,8 @@ PROJECT_ENV = Flag(
     "`.venv`")
 
 FLAGS: tuple[Flag, ...] = (ENABLE, ALLOW_MISMATCH, COUNT_COLLECTIVES, CHECK_DRAFT_AGREEMENT,
-                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, REPLICATE_DRAFT_EMBEDDING,
+                           SHARDED_VERIFY, SHARDED_VERIFY_GRAPHS, SHARDED_VERIFY_HANDOFF,
+                           REPLICATE_DRAFT_EMBEDDING,
                            SKIP_DRAFT_CHECK, PROJECT_ENV)
 PREFIX = ENABLE.name
 

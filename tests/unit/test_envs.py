@@ -35,10 +35,20 @@ def test_count_collectives_is_a_step_interval(raw, want):
     assert envs.COUNT_COLLECTIVES.get({envs.COUNT_COLLECTIVES.name: raw}) == want
 
 
+@pytest.mark.parametrize("raw,want", [
+    ("", "auto"), ("auto", "auto"), (" AUTO ", "auto"), ("off", 0), ("never", 0), ("0", 0),
+    ("false", 0), ("1", 1), ("3", 3), (" 16 ", 16),
+])
+def test_sharded_verify_handoff_is_auto_or_a_request_count(raw, want):
+    assert envs.SHARDED_VERIFY_HANDOFF.get({envs.SHARDED_VERIFY_HANDOFF.name: raw}) == want
+
+
 @pytest.mark.parametrize("flag,raw,expected", [
     *[(envs.SHARDED_VERIFY, raw, "one of 1/true/yes/on")
       for raw in ("2", "maybe", "ture", "-1", "1.0")],
     *[(envs.COUNT_COLLECTIVES, raw, "a step interval") for raw in ("abc", "-5", "2.5", "often")],
+    *[(envs.SHARDED_VERIFY_HANDOFF, raw, "auto, off (never) or a request count")
+      for raw in ("on", "yes", "-2", "3.5", "top_p", "batch 4")],
 ])
 def test_invalid_value_is_one_line_naming_variable_value_and_expectation(flag, raw, expected):
     with pytest.raises(envs.EnvError) as err:

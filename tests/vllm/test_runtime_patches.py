@@ -255,6 +255,31 @@ def test_patched_sample_verifies_a_kimi_top_p_step_sharded(tp8, stock_sample, mo
     assert vllm_runner.FALLBACKS.as_dict() == before
 
 
+def test_with_the_batch_sharder_a_large_top_p_step_runs_vllms_sample(tp8, stock_sample,
+                                                                    monkeypatch):
+    """Both on: a Kimi T=1.0 top-p step of 32 requests (priced faster batch-sharded at
+    k = 3) runs vLLM's own sample (which shards it by batch), counted as handed over and
+    not as a fallback; one of 2 requests and a greedy one of 32 run sharded."""
+    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+
+    monkeypatch.delenv("VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF", raising=False)
+    monkeypatch.setattr(vllm_runner, "sharded_sample", lambda *a: "sharded")
+    monkeypatch.setitem(vllm_runner._state, "handed", 0)
+    before = vllm_runner.FALLBACKS.as_dict()
+
+    def run(params):
+        runner = _runner(params)
+        runner.batch_sharder = object()
+        return _patched_sample(runner, _batch(len(params)))
+
+    assert run([{"temperature": 1.0, "top_p": 0.95}] * 32) == "stock"
+    assert len(stock_sample) == 1 and vllm_runner._state["handed"] == 1
+    assert run([{"temperature": 1.0, "top_p": 0.95}] * 2) == "sharded"
+    assert run([{"temperature": 0.0}] * 32) == "sharded"
+    assert len(stock_sample) == 1 and vllm_runner._state["handed"] == 1
+    assert vllm_runner.FALLBACKS.as_dict() == before
+
+
 def test_sample_step_does_not_count_a_step_without_drafts(tp8, monkeypatch):
     from vllm_kimi_ext.integration import sharded_verify as vllm_runner
 

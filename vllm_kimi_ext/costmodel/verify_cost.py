@@ -544,6 +544,47 @@ def crossover(cm, meas: VerifyMeasurements | None, k: int, mode: str,
     return "never" if start is None else start
 
 
+def price_both(cm, meas: VerifyMeasurements | None, batch: int, k: int,
+               mode: str) -> VerifyPrice:
+    """Both on (``VLLM_KIMI_EXT_SHARDED_VERIFY=1`` and ``--enable-batch-sharded-sampling``):
+    the step verifies with batch-sharded sampling from :func:`crossover`'s batch on
+    (``integration.verifier_choice``: the same rule per step), else over vocabulary shards;
+    nothing priced at ``k`` → batch-sharded sampling, as the plugin does."""
+    c = crossover(cm, meas, k, mode)
+    handed = c is None or (c != "never" and batch >= c)
+    chosen = price(cm, meas, "batch_sharded" if handed else "sharded", batch, k, mode)
+    return dataclasses.replace(chosen, note=f"both on, {chosen.verifier} chosen: {chosen.note}")
+
+
+#: Batches the "both on" table of :func:`crossover_markdown` shows.
+BOTH_BATCHES = (1, 2, 3, 4, 8, 16, 32, 64)
+_SHORT = {"stock": "stock", "sharded": "sharded", "batch_sharded": "batch-sharded"}
+
+
+def both_on_table(cm, meas: VerifyMeasurements, k: int, modes=KIMI_MODES,
+                  batches=BOTH_BATCHES) -> tuple[list[str], list[str], list[str]]:
+    """(markdown rows, "mode batch" cells where both on is priced slower than batch-sharded
+    sampling alone, cells where stock is priced fastest) at ``k``."""
+    rows, behind, stock_best = [], [], []
+    for mode in modes:
+        for b in batches:
+            ps = {v: price(cm, meas, v, b, k, mode) for v in VERIFIERS}
+            both = price_both(cm, meas, b, k, mode)
+            if not (both.priced and all(p.priced for p in ps.values())):
+                continue
+            best = min(VERIFIERS, key=lambda v: ps[v].total_us)
+            if both.total_us > ps["batch_sharded"].total_us:
+                behind.append(f"{mode} batch {b}")
+            if best == "stock":
+                stock_best.append(f"{CROSSOVER_MODE_WORDS[mode].split(' (')[0]} batch {b}: "
+                                  f"{ps['stock'].total_us:.0f} µs stock against "
+                                  f"{both.total_us:.0f} µs")
+            rows.append(f"| {CROSSOVER_MODE_WORDS[mode]} | {b} | "
+                        + " | ".join(f"{ps[v].total_us:.0f}" for v in VERIFIERS)
+                        + f" | {both.total_us:.0f} ({_SHORT[both.verifier]}) |")
+    return rows, behind, stock_best
+
+
 CROSSOVER_MODE_WORDS = {"top_p_T1": "T = 1.0, top_p 0.95 (Kimi thinking)",
                         "top_p_T0.6": "T = 0.6, top_p 0.95 (Kimi instant)",
                         "greedy": "greedy", "topk_minp": "top-k + min-p"}
@@ -577,7 +618,30 @@ def crossover_markdown(cm, meas: VerifyMeasurements | None = None) -> list[str]:
         "`--enable-batch-sharded-sampling` is the faster verifier; below it, "
         "`VLLM_KIMI_EXT_SHARDED_VERIFY=1`.", "",
         "| sampling | k | batch-sharded sampling faster from | batches priced |",
-        "|---|---:|---|---|", *rows, ""]
+        "|---|---:|---|---|", *rows, "",
+        *_both_on_markdown(cm, meas)]
+
+
+def _both_on_markdown(cm, meas: VerifyMeasurements, k: int = 3) -> list[str]:
+    rows, behind, stock_best = both_on_table(cm, meas, k)
+    if not rows:
+        return []
+    return [
+        "**Turn both on.** With `VLLM_KIMI_EXT_SHARDED_VERIFY=1` and "
+        "`--enable-batch-sharded-sampling` together, the plugin picks per step by the "
+        "batches above (`VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF=auto`): a step from its "
+        "sampling mode's crossover batch on runs vLLM's batch-sharded sampling, every other "
+        "step is verified over vocabulary shards (greedy and top-k + min-p steps at every "
+        "batch); both are exact, so only the time changes. Per rank, µs per verify step "
+        f"under Kimi's top-p at k = {k} (the same forecast):", "",
+        "| sampling | batch | stock | sharded | batch-sharded | both on (runs) |",
+        "|---|---:|---:|---:|---:|---|", *rows, "",
+        ("Both on is priced no slower than batch-sharded sampling alone at every batch "
+         "shown" if not behind else
+         "Both on is priced slower than batch-sharded sampling alone at " + ", ".join(behind))
+        + ("." if not stock_best else
+           "; stock (one logits all-gather, no extra collective) is priced fastest at "
+           + "; ".join(stock_best) + ", where both on still verifies over shards."), ""]
 
 
 # ---------------------------------------------------------------------------------------------

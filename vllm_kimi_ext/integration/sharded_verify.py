@@ -27,8 +27,11 @@ accepts only the object types in :data:`GATE_TYPES` (an unknown logits processor
 by name: ``block_verification`` (vLLM's block method decides on joint prefix ratios
 the sharded verifier does not compute), ``lossy_rejection_method`` (synthetic
 acceptance rates, FLy deferred rejection: not lossless by design),
-``adaptive_verification``, ``watermarking``, batch-sharded sampling and a draft
-vocabulary smaller than the target's.
+``adaptive_verification``, ``watermarking`` and a draft vocabulary smaller than the
+target's. With vLLM's ``--enable-batch-sharded-sampling`` on as well, a step the gate
+would verify over shards goes to batch-sharded sampling where that is priced faster
+(:mod:`~vllm_kimi_ext.integration.verifier_choice`: large top-p batches), answered
+``batch_sharded_faster`` and counted as handed over, not as a fallback.
 
 The gate is plain Python over the runner's attributes and is unit-tested on CPU with
 stand-in objects; the data flow is tested on CPU with vLLM's batch layout; the GPU
@@ -42,6 +45,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_ext.integration.verifier_choice import VerifierChoice
 from vllm_kimi_ext.verify.step_plan import Fallback, FallbackCounter, StepPlan, plan_from_params
 
 logger = logging.getLogger("vllm_kimi_ext.verify")
@@ -50,7 +54,8 @@ logger = logging.getLogger("vllm_kimi_ext.verify")
 FALLBACKS = FallbackCounter(logger)
 _PARAMS_ATTR = "_kimi_ext_params"  # on the Sampler: {request slot: SamplingParams}
 _VERIFIERS_ATTR = "_kimi_ext_verifiers"  # on the runner: {shard width: verifier}
-_state: dict[str, Any] = {"steps": 0}
+_CHOICE_ATTR = "_kimi_ext_verifier_choice"  # on the runner: {k: VerifierChoice}
+_state: dict[str, Any] = {"steps": 0, "handed": 0}
 
 
 def remember_sampling_params(sampler: Any, req_idx: int, sampling_params: Any) -> None:
@@ -180,8 +185,10 @@ def _read(obj: Any, owner: str, name: str) -> Any:
         raise UnknownVllmState(owner, name) from None
 
 
+#: The gate's answer for a step batch-sharded sampling verifies faster (both on).
+HANDED_OVER = "batch_sharded_faster"
 #: Gate answers that mean the stock path is simply the right one (not a fallback).
-NOT_FALLBACKS = ("tp1", "not_verification")
+NOT_FALLBACKS = ("tp1", "not_verification", HANDED_OVER)
 
 
 def gate(runner: Any, input_batch: Any, grammar_output: Any, tp_size: int,
@@ -227,10 +234,28 @@ def _gate(runner, input_batch, grammar_output, tp_size, vocab_size) -> StepPlan 
     custom = any(type_name(p) not in SAFE_LOGITS_PROCESSOR_TYPES
                  for p in _read(sampler, "sampler", "logits_processors"))
     k = _read(runner.rejection_sampler, "rejection_sampler", "num_speculative_steps")
-    return plan_from_params(
+    plan = plan_from_params(
         params, tp_size=tp_size, vocab_size=vocab_size,
         num_rows=int(input_batch.num_draft_tokens) + len(params), max_rows_per_req=k + 1,
         probabilistic=probabilistic_draft(runner), custom_logits_processors=custom)
+    if isinstance(plan, StepPlan) and _read(runner, "runner", "batch_sharder") is not None \
+            and verifier_choice(runner, k).batch_sharded(plan, params):
+        return Fallback(HANDED_OVER, detail=f"{plan.num_reqs} requests")
+    return plan
+
+
+def verifier_choice(runner: Any, k: int) -> VerifierChoice:
+    """The runner's :class:`VerifierChoice` for ``k`` drafts per step (made once, logged
+    once; ``VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF`` is read then)."""
+    from vllm_kimi_ext import envs
+
+    cache = runner.__dict__.setdefault(_CHOICE_ATTR, {})
+    if k not in cache:
+        cache[k] = VerifierChoice.from_setting(envs.SHARDED_VERIFY_HANDOFF.get(), k)
+        logger.info("vllm-kimi-ext sharded verification with --enable-batch-sharded-sampling: "
+                    "steps go to batch-sharded sampling per sampling mode, %s",
+                    cache[k].describe())
+    return cache[k]
 
 
 def _runner_reason(runner, input_batch, grammar_output, vocab_size) -> str | None:
@@ -238,8 +263,7 @@ def _runner_reason(runner, input_batch, grammar_output, vocab_size) -> str | Non
     rs = _read(runner, "runner", "rejection_sampler")
     if _read(input_batch, "input_batch", "num_draft_tokens") == 0 or rs is None:
         return "not_verification"
-    if _read(runner, "runner", "batch_sharder") is not None:
-        return "batch_sharded_sampling"
+    _read(runner, "runner", "batch_sharder")  # read by _gate after the plan
     if not hasattr(_read(runner, "runner", "model"), "compute_logits_local"):
         return "no_compute_logits_local"
     if grammar_output is not None:
@@ -549,25 +573,33 @@ def graph_counts(runner: Any) -> dict[str, int]:
     return out
 
 
+def _periodic_log(runner: Any) -> None:
+    if (_state["steps"] + _state["handed"]) % 1000 == 0:
+        logger.info("vllm-kimi-ext sharded verification: %d steps, %d handed to batch-sharded "
+                    "sampling, fallbacks %s, %s, graphs %s", _state["steps"], _state["handed"],
+                    FALLBACKS.as_dict(), device_counts(), graph_counts(runner))
+
+
 def sample_step(runner: Any, original: Any, hidden_states: Any, input_batch: Any,
                 grammar_output: Any):
     """``GPUModelRunner.sample`` with sharded verification: an eligible
     verification step runs :func:`sharded_sample`; any other step runs
-    ``original`` (the stock method), an ineligible verification step counted in
-    :data:`FALLBACKS` with its reason."""
+    ``original`` (the stock method, batch-sharded when vLLM's batch sharder is on): an
+    ineligible verification step counted in :data:`FALLBACKS` with its reason, a step
+    handed to batch-sharded sampling (:data:`HANDED_OVER`) counted as handed over."""
     from vllm.distributed import get_tp_group
 
     tp = get_tp_group().world_size
     vocab = runner.model_config.get_vocab_size()
     plan = gate(runner, input_batch, grammar_output, tp, vocab)
     if isinstance(plan, Fallback):
-        if plan.reason not in NOT_FALLBACKS:
+        if plan.reason == HANDED_OVER:
+            _state["handed"] += 1
+            _periodic_log(runner)
+        elif plan.reason not in NOT_FALLBACKS:
             FALLBACKS.record(plan)
         return original(runner, hidden_states, input_batch, grammar_output)
     _state["steps"] += 1
-    if _state["steps"] % 1000 == 0:
-        logger.info("vllm-kimi-ext sharded verification: %d steps, fallbacks %s, %s, "
-                    "graphs %s", _state["steps"], FALLBACKS.as_dict(), device_counts(),
-                    graph_counts(runner))
+    _periodic_log(runner)
     return sharded_sample(runner, hidden_states, input_batch,
                           lambda width: _verifier(runner, width), plan)
