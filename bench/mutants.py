@@ -77,6 +77,11 @@ PACKAGES: dict[str, Package] = {
                "vllm_kimi_ext/verify/_hist_kernels.py"),
         tests=("tests/unit/test_verify_escalation_interpreter.py",),
         timeout_s=1200.0),
+    # The per-step choice between the sharded verifier and vLLM's batch-sharded sampling.
+    "verifier_choice": Package(
+        paths=("vllm_kimi_ext/integration/verifier_choice.py",),
+        tests=("tests/unit/test_verifier_choice.py", "tests/vllm/test_runtime_patches.py"),
+        pytest_args=("-k", "verifier_choice or batch_sharder")),
     "drafts": Package(
         paths=("vllm_kimi_ext/drafts",),
         exclude=("vllm_kimi_ext/drafts/tli/_triton.py",),  # GPU only

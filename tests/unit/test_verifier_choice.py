@@ -169,3 +169,15 @@ def test_the_cost_model_prices_both_on_as_the_plugin_runs_it(cm, meas):
                                                  mode).total_us, (k, mode, b)
     rows, behind, _ = vc.both_on_table(cm, meas, 3)
     assert rows and not behind
+
+
+def test_an_unreadable_report_hands_every_step_over(monkeypatch):
+    def broken(*_a, **_k):
+        raise vc.VerifyReportError("verify_graph_vs_vllm_h200.json: cases[0].rows: expected "
+                                   "a positive integer")
+
+    monkeypatch.setattr(vc, "measurements", broken)
+    choice = VerifierChoice.priced(3, cm=object())
+    assert "not priced" in choice.how and "cases[0].rows" in choice.how
+    for p in MODE_PARAMS.values():
+        assert choice.batch_sharded(_plan([p], 3), [p])

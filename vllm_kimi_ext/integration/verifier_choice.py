@@ -96,7 +96,12 @@ class VerifierChoice:
             from vllm_kimi_ext.costmodel.report import PCIE
 
             cm = CostModel.build(PCIE)
-        meas = vc.measurements() if meas is PACKAGED_REPORT else meas
+        if meas is PACKAGED_REPORT:
+            try:
+                meas = vc.measurements()
+            except vc.VerifyReportError as e:  # an unreadable packaged report: fail closed
+                return cls(k, dict.fromkeys((*TOP_P_MODES, GREEDY_MODE, CUT_MODE), 1),
+                           f"not priced ({e}): every step hands over")
         out: dict[str, int | None] = {}
         unpriced = []
         for mode in (*TOP_P_MODES, GREEDY_MODE, CUT_MODE):
