@@ -181,3 +181,12 @@ def test_an_unreadable_report_hands_every_step_over(monkeypatch):
     assert "not priced" in choice.how and "cases[0].rows" in choice.how
     for p in MODE_PARAMS.values():
         assert choice.batch_sharded(_plan([p], 3), [p])
+
+
+def test_the_log_line_names_each_modes_threshold(cm, meas):
+    choice = VerifierChoice.priced(3, cm=cm, meas=meas)
+    text = choice.describe()
+    assert text.startswith("k=3; ")
+    for mode, start in choice.from_reqs.items():
+        assert f"{mode}: " + ("never" if start is None else f"from {start} requests") in text
+    assert choice.how in text
