@@ -220,7 +220,9 @@ def verify_markdown(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) ->
 def plot_verify(meas: vc.VerifyMeasurements, path: str | Path, hardware: str = PCIE,
                 k: int = 3) -> Path:
     """Verify step per rank (measured compute + modelled PCIe communication) against the
-    batch, one line per verifier and sampling setting; unpriced batches are left out."""
+    batch, one line per verifier and sampling setting, and a wide line for both on (the
+    sharded verifier and batch-sharded sampling chosen per step); unpriced batches are left
+    out."""
     from vllm_kimi_ext.costmodel.plot import _legend_right, _plt, _save
 
     plt = _plt()
@@ -230,6 +232,12 @@ def plot_verify(meas: vc.VerifyMeasurements, path: str | Path, hardware: str = P
     styles = {"top_p_T1": "-", "top_p_T0.6": "--"}
     batches = list(range(1, 65))
     for mode in vc.KIMI_MODES:
+        pts = [(b, vc.price_both(cm, meas, b, k, mode).total_us) for b in batches]
+        pts = [(b, t) for b, t in pts if t is not None]
+        if pts:  # under the others: where it lies on one of them, that one is what runs
+            ax.plot([b for b, _ in pts], [t for _, t in pts], linestyle=styles[mode],
+                    color="tab:green", lw=5, alpha=0.3,
+                    label=f"both on (chosen per step), {MODE_WORDS[mode]}")
         for v in vc.VERIFIERS:
             pts = [(b, vc.price(cm, meas, v, b, k, mode).total_us) for b in batches]
             pts = [(b, t) for b, t in pts if t is not None]
