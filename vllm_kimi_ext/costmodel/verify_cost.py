@@ -68,6 +68,8 @@ VERIFIER_LABEL = {
     "sharded": "vocabulary-sharded (VLLM_KIMI_EXT_SHARDED_VERIFY=1)",
     "batch_sharded": "vLLM 0.34.0 --enable-batch-sharded-sampling",
 }
+#: The verifiers' names in tables and legends.
+VERIFIER_SHORT = {"stock": "stock", "sharded": "sharded", "batch_sharded": "batch-sharded"}
 NOT_PRICED = "not measured: not priced"
 #: int64 columns of vLLM's packed sampler output per request beyond the k + 1 token ids
 #: (``num_sampled``, ``num_rejected``; ``gather_sampler_output``).
@@ -544,21 +546,29 @@ def crossover(cm, meas: VerifyMeasurements | None, k: int, mode: str,
     return "never" if start is None else start
 
 
+def handover(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> tuple[int | None, bool]:
+    """Both on (``VLLM_KIMI_EXT_SHARDED_VERIFY=1`` and ``--enable-batch-sharded-sampling``):
+    ``(start, priced)``, the smallest batch whose steps go to batch-sharded sampling (every
+    larger one too; None: every step stays sharded) and whether anything is priced at ``k``
+    in ``mode``. ``start`` is :func:`crossover`'s batch, and 1 where nothing is priced. The
+    rule ``integration.verifier_choice`` applies per step and :func:`price_both` prices."""
+    c = crossover(cm, meas, k, mode)
+    if c is None:
+        return 1, False
+    return (None if c == "never" else int(c)), True
+
+
 def price_both(cm, meas: VerifyMeasurements | None, batch: int, k: int,
                mode: str) -> VerifyPrice:
-    """Both on (``VLLM_KIMI_EXT_SHARDED_VERIFY=1`` and ``--enable-batch-sharded-sampling``):
-    the step verifies with batch-sharded sampling from :func:`crossover`'s batch on
-    (``integration.verifier_choice``: the same rule per step), else over vocabulary shards;
-    nothing priced at ``k`` → batch-sharded sampling, as the plugin does."""
-    c = crossover(cm, meas, k, mode)
-    handed = c is None or (c != "never" and batch >= c)
+    """Both on: the verifier :func:`handover` picks at ``batch``, priced."""
+    start, _ = handover(cm, meas, k, mode)
+    handed = start is not None and batch >= start
     chosen = price(cm, meas, "batch_sharded" if handed else "sharded", batch, k, mode)
     return dataclasses.replace(chosen, note=f"both on, {chosen.verifier} chosen: {chosen.note}")
 
 
 #: Batches the "both on" table of :func:`crossover_markdown` shows.
 BOTH_BATCHES = (1, 2, 3, 4, 8, 16, 32, 64)
-_SHORT = {"stock": "stock", "sharded": "sharded", "batch_sharded": "batch-sharded"}
 
 
 def both_on_table(cm, meas: VerifyMeasurements, k: int, modes=KIMI_MODES,
@@ -581,7 +591,7 @@ def both_on_table(cm, meas: VerifyMeasurements, k: int, modes=KIMI_MODES,
                                   f"{both.total_us:.0f} µs")
             rows.append(f"| {CROSSOVER_MODE_WORDS[mode]} | {b} | "
                         + " | ".join(f"{ps[v].total_us:.0f}" for v in VERIFIERS)
-                        + f" | {both.total_us:.0f} ({_SHORT[both.verifier]}) |")
+                        + f" | {both.total_us:.0f} ({VERIFIER_SHORT[both.verifier]}) |")
     return rows, behind, stock_best
 
 

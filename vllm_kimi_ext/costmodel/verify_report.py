@@ -39,7 +39,7 @@ MODE_WORDS = {"top_p_T1": "T=1.0, top_p 0.95", "top_p_T0.6": "T=0.6, top_p 0.95"
 #: for the caption only (never used to scale a measurement)
 H200_BANDWIDTH_GBPS = 4800.0
 H200_BANDWIDTH_SOURCE = "NVIDIA H200 Tensor Core GPU datasheet, HBM3e"
-SHORT = {"stock": "stock", "sharded": "sharded", "batch_sharded": "batch-sharded"}
+SHORT = vc.VERIFIER_SHORT
 
 
 def markers() -> tuple[str, str]:

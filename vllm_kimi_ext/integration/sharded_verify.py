@@ -263,7 +263,6 @@ def _runner_reason(runner, input_batch, grammar_output, vocab_size) -> str | Non
     rs = _read(runner, "runner", "rejection_sampler")
     if _read(input_batch, "input_batch", "num_draft_tokens") == 0 or rs is None:
         return "not_verification"
-    _read(runner, "runner", "batch_sharder")  # read by _gate after the plan
     if not hasattr(_read(runner, "runner", "model"), "compute_logits_local"):
         return "no_compute_logits_local"
     if grammar_output is not None:

@@ -22,23 +22,20 @@ step goes to batch-sharded sampling (what the user enabled), logged once.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_ext.verify.step_plan import StepPlan
+from vllm_kimi_ext.verify.step_plan import StepPlan, _get
 
 #: Measured top-p modes of the verify report and their temperatures
 #: (``costmodel.verify_cost.MODE_TEMPERATURE``; a test keeps the two equal).
 TOP_P_MODES = {"top_p_T1": 1.0, "top_p_T0.6": 0.6}
 #: The modes of a step that cannot escalate: every row greedy, or a cut round 1 certifies.
 GREEDY_MODE, CUT_MODE = "greedy", "topk_minp"
+#: Every mode a step can be priced in.
+MODES = (*TOP_P_MODES, GREEDY_MODE, CUT_MODE)
 #: :meth:`VerifierChoice.priced`'s default: the packaged measured report.
 PACKAGED_REPORT = object()
-
-
-def _get(p: Any, name: str, default: Any) -> Any:
-    v = p.get(name, default) if isinstance(p, Mapping) else getattr(p, name, default)
-    return default if v is None else v
 
 
 def step_mode(plan: StepPlan, params: Sequence[Any]) -> str:
@@ -51,7 +48,8 @@ def step_mode(plan: StepPlan, params: Sequence[Any]) -> str:
     """
     if plan.escalation_slots == 0:
         return GREEDY_MODE if plan.all_greedy else CUT_MODE
-    temps = [float(_get(p, "temperature", 1.0)) for p in params]
+    # the plan's own reading of a request's temperature (None or 0: greedy)
+    temps = [float(_get(p, "temperature", 1.0) or 0.0) for p in params]
     t = max((x for x in temps if x > 0), default=1.0)
     return min(TOP_P_MODES, key=lambda m: (abs(TOP_P_MODES[m] - t), -TOP_P_MODES[m]))
 
@@ -67,15 +65,10 @@ class VerifierChoice:
     k: int
     from_reqs: Mapping[str, int | None]
     how: str
-    handed: dict[str, int] = field(default_factory=dict, compare=False)
 
     def batch_sharded(self, plan: StepPlan, params: Sequence[Any]) -> bool:
-        mode = step_mode(plan, params)
-        start = self.from_reqs.get(mode, 1)
-        if start is None or plan.num_reqs < start:
-            return False
-        self.handed[mode] = self.handed.get(mode, 0) + 1
-        return True
+        start = self.from_reqs.get(step_mode(plan, params), 1)
+        return start is not None and plan.num_reqs >= start
 
     def describe(self) -> str:
         parts = [f"{m}: {'never' if n is None else f'from {n} requests'}"
@@ -100,17 +93,11 @@ class VerifierChoice:
             try:
                 meas = vc.measurements()
             except vc.VerifyReportError as e:  # an unreadable packaged report: fail closed
-                return cls(k, dict.fromkeys((*TOP_P_MODES, GREEDY_MODE, CUT_MODE), 1),
+                return cls(k, dict.fromkeys(MODES, 1),
                            f"not priced ({e}): every step hands over")
-        out: dict[str, int | None] = {}
-        unpriced = []
-        for mode in (*TOP_P_MODES, GREEDY_MODE, CUT_MODE):
-            c = None if meas is None else vc.crossover(cm, meas, k, mode)
-            if c is None:
-                unpriced.append(mode)
-                out[mode] = 1
-            else:
-                out[mode] = None if c == "never" else int(c)
+        found = {mode: vc.handover(cm, meas, k, mode) for mode in MODES}
+        out = {mode: start for mode, (start, _) in found.items()}
+        unpriced = [mode for mode, (_, priced) in found.items() if not priced]
         how = ("forecast: measured per-rank steps "
                f"({vc.REPORT_NAME}) + the PCIe collective model")
         if unpriced:
