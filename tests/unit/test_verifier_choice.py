@@ -190,3 +190,22 @@ def test_the_log_line_names_each_modes_threshold(cm, meas):
     for mode, start in choice.from_reqs.items():
         assert f"{mode}: " + ("never" if start is None else f"from {start} requests") in text
     assert choice.how in text
+
+
+def test_plan_verify_cost_and_the_docs_say_what_the_plugin_runs(cm, meas):
+    """The verdict table (``vllm-kimi-ext plan --verify-cost`` and docs/cost-model.md) has
+    a "both on" column per measured k and mode that names the plugin's own threshold."""
+    from vllm_kimi_ext.costmodel import verify_report
+
+    rows = verify_report.verdict_rows(cm, meas)
+    assert verify_report.VERDICT_HEADER[-1] == "both on runs (per step)"
+    seen = 0
+    for k in sorted({c.k for c in meas.cases}):
+        choice = VerifierChoice.priced(k, cm=cm, meas=meas)
+        for mode in vc.MODES:
+            row = next(r for r in rows if r[0] == f"{verify_report.MODE_WORDS[mode]}, k = {k}")
+            start = choice.from_reqs[mode]
+            assert row[-1] == ("sharded at every batch" if start is None else
+                               f"sharded below batch {start}, batch-sharded from {start}")
+            seen += 1
+    assert seen == len(rows)

@@ -558,6 +558,17 @@ def handover(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> tuple[in
     return (None if c == "never" else int(c)), True
 
 
+def handover_words(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> str:
+    """:func:`handover` in words: what both on runs at which batch."""
+    start, priced = handover(cm, meas, k, mode)
+    if not priced:
+        return f"batch-sharded at every batch ({NOT_PRICED})"
+    if start is None:
+        return "sharded at every batch"
+    return "batch-sharded at every batch" if start == 1 else \
+        f"sharded below batch {start}, batch-sharded from {start}"
+
+
 def price_both(cm, meas: VerifyMeasurements | None, batch: int, k: int,
                mode: str) -> VerifyPrice:
     """Both on: the verifier :func:`handover` picks at ``batch``, priced."""

@@ -95,7 +95,7 @@ def _comm_only(cm: CostModel, k: int) -> list[str]:
 CONFIG_HEADER = ["batch", "verified rows", "sampling", "stock us", "sharded us",
                  "batch-sharded us", "stock tok/s", "sharded vs stock", "batch-sharded vs stock"]
 VERDICT_HEADER = ["sampling", "sharded vs stock", "batch-sharded vs stock",
-                  "sharded vs batch-sharded"]
+                  "sharded vs batch-sharded", "both on runs (per step)"]
 
 
 def config_rows(cm: CostModel, meas, draft: str, k: int,
@@ -125,17 +125,21 @@ def verdict_rows(cm: CostModel, meas) -> list[list[str]]:
     return [[f"{MODE_WORDS[mode]}, k = {k}",
              vc.verdict(cm, meas, k, mode, "sharded", "stock"),
              vc.verdict(cm, meas, k, mode, "batch_sharded", "stock"),
-             vc.verdict(cm, meas, k, mode, "sharded", "batch_sharded")]
+             vc.verdict(cm, meas, k, mode, "sharded", "batch_sharded"),
+             vc.handover_words(cm, meas, k, mode)]
             for k in ks for mode in vc.MODES]
 
 
 VERDICT_CAPTION = ("Where each wins end to end, per the model (every batch 1-64 whose verified "
                    "rows lie within the measured range; a shorter verify step is a faster "
-                   "step, as nothing else differs):")
+                   "step, as nothing else differs); the last column is what the plugin runs "
+                   "with `VLLM_KIMI_EXT_SHARDED_VERIFY=1` and `--enable-batch-sharded-sampling` "
+                   "both on (a forecast, as the rest):")
 
 
 def _verdicts(cm: CostModel, meas) -> list[str]:
-    return [VERDICT_CAPTION, "", "| " + " | ".join(VERDICT_HEADER) + " |", "|---|---|---|---|"] \
+    return [VERDICT_CAPTION, "", "| " + " | ".join(VERDICT_HEADER) + " |",
+            "|---" * len(VERDICT_HEADER) + "|"] \
         + ["| " + " | ".join(r) + " |" for r in verdict_rows(cm, meas)]
 
 
