@@ -16,6 +16,7 @@ from vllm_kimi_ext.costmodel.calibration import (
     HELD_OUT,
     Row,
     ValidationReport,
+    _Predictor,
     fit,
     load_points,
     predict,
@@ -68,11 +69,31 @@ def test_calibration_covers_speculation_batch_and_context(points):
     assert {p.backend for p in cal} >= {"nccl", "custom_oneshot"}
 
 
+def _objective(cm, params) -> float:
+    """The fit's own objective: the sum of squared log errors over the calibration points."""
+    pred = _Predictor(cm)
+    pts = [p for p in load_points(cm.hw) if p.split == "calibration"]
+    return sum(math.log(pred(params, p) / p.tokens_per_s) ** 2 for p in pts)
+
+
 def test_committed_fit_is_what_the_data_gives(cm):
-    """The parameters in the profile equal a refit (run --update-profile after data edits)."""
+    """The profile's parameters are a least-squares optimum of its calibration data (run
+    --update-profile after data edits): a refit finds no better objective (to 0.1 %) and
+    predicts every calibration point within 0.5 % of the committed parameters.
+
+    Parameters are compared loosely (3 %) on purpose: the objective is flat along some
+    directions and scipy releases stop at different points on it (scipy 1.17.1's refit
+    lands 1 % away in bandwidth_efficiency with a 0.02 % *worse* objective than the
+    committed one), so exact parameter equality tested the optimiser, not the data."""
     fresh = refit(PCIE)
+    committed, refitted = _objective(cm, cm.params), _objective(cm, fresh)
+    assert committed <= refitted * (1 + 1e-3) + 1e-9, (committed, refitted)
+    pred = _Predictor(cm)
+    for p in load_points(cm.hw):
+        if p.split == "calibration":
+            assert pred(cm.params, p) == pytest.approx(pred(fresh, p), rel=5e-3), p.id
     for name in FITTED:
-        assert getattr(cm.params, name) == pytest.approx(getattr(fresh, name), rel=2e-3,
+        assert getattr(cm.params, name) == pytest.approx(getattr(fresh, name), rel=3e-2,
                                                          abs=1e-3), name
     assert cm.params.calibrated and cm.params.physical
 
