@@ -402,8 +402,8 @@ def _headline_inputs(args) -> bool:
 
 
 def _run(args) -> int:
-    from vllm_kimi_ext.costmodel.headline import answer, answer_line
-    from vllm_kimi_ext.costmodel.tables import format_answer
+    from vllm_kimi_ext.costmodel.answer_text import answer_line, format_answer
+    from vllm_kimi_ext.costmodel.headline import answer
 
     cm, drafts = _build(args)
     drafts_acc = resolve_acceptances(args, drafts)
@@ -449,7 +449,7 @@ def _print_plan(args, cm, rec, drafts_acc) -> None:
     for line in rec.explanation:
         print(f"- {line}")
     if rec.best.plan.speculative:
-        from vllm_kimi_ext.costmodel.headline import public_status
+        from vllm_kimi_ext.costmodel.answer_text import public_status
 
         print(f"- Evidence: {public_status(rec.best.plan)}")
     for line in rec.caveats:
@@ -476,7 +476,7 @@ def _run_validate(args) -> int:
 def _write_json(args, cm, rec, drafts_acc, a) -> None:
     import dataclasses
 
-    from vllm_kimi_ext.costmodel.headline import answer_dict
+    from vllm_kimi_ext.costmodel.answer_text import answer_dict
 
     doc = {
         "answer": answer_dict(a),
