@@ -249,6 +249,7 @@ def format_answer(a: Answer) -> str:
 
 def readme_section(h: Answer | None = None) -> str:
     """README.md's "What to run on 8x PCIe" section, generated."""
+    h = h or headline()
     body = headline_markdown(h)
     return "\n".join([
         README_HEADING,
@@ -258,9 +259,10 @@ def readme_section(h: Answer | None = None) -> str:
         "to public Kimi-K2.x runs on 8x RTX PRO 6000 (held-out validation and every source in "
         "[docs/cost-model.md](docs/cost-model.md)), ranking only what stock vLLM 0.34.0 plus "
         "this project can build. Measure your box with "
-        f"`{e2e_command()}`, then "
-        "`vllm-kimi-ext plan --draft NAME --acceptance-from bench/out/e2e/what-to-run/"
-        "results.json --acceptance-run answer` (NAME: the answer's draft).",
+        f"`{e2e_command()}` (it checks that python's vLLM is 0.34.0 before launching), then "
+        f"re-rank with what it measured: `vllm-kimi-ext plan --draft {h.draft.name} "
+        "--acceptance-from bench/out/e2e/what-to-run/results.json` (each measured draft "
+        "likewise; the run prints these commands).",
         "",
         body,
         "",
