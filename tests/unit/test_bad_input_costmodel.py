@@ -101,7 +101,7 @@ CASES = [
     _plan("draft-checkpoint-name", ["--draft", "lightseekorg/kimi-k2.5-eagle3-mla"], 0,
           ["Answer: `lightseek-eagle3-mla` k = "]),
     _plan("draft-unknown-name", ["--draft", "kimi-k2.5-eagle3-mla"], 2,
-          ["--draft kimi-k2.5-eagle3-mla: not a draft profile name", "plan --list"]),
+          ["--draft kimi-k2.5-eagle3-mla: unknown draft profile", "plan --list"]),
     _plan("draft-unknown-checkpoint", ["--draft", "lightseekorg/kimi-k2.9-eagle3"], 2,
           ["--draft lightseekorg/kimi-k2.9-eagle3", "plan --list",
            "lightseek-eagle3-mla = lightseekorg/kimi-k2.5-eagle3-mla"]),

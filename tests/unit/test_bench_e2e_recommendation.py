@@ -153,3 +153,17 @@ def test_the_printed_next_step_runs_as_printed(tmp_path, capsys):
         assert argv[0] == "vllm-kimi-ext"
         assert main(argv[1:]) == 0, capsys.readouterr().err
         assert "--acceptance-from" in cmd and "run speculative=" in capsys.readouterr().out
+
+
+def test_an_answer_with_nothing_to_measure_beside_it_runs_alone(monkeypatch, capsys):
+    """The measure arm is skipped with one line (it used to stop with a ValueError)."""
+    import dataclasses
+
+    from vllm_kimi_ext.costmodel import headline as headline_module
+
+    alone = dataclasses.replace(headline(), worth_measuring=None, alternative=None)
+    monkeypatch.setattr(headline_module, "headline", lambda *a, **k: alone)
+    assert runner.main(["recommendation", "--plan-only"]) == 0
+    text = capsys.readouterr().out
+    assert "measure: skipped (the answer names no configuration worth measuring" in text
+    assert "speculative=answer" in text and "speculative=measure" not in text

@@ -388,10 +388,10 @@ def resolve_draft(name: str):
         return load_draft(by_checkpoint[name.rstrip("/").lower()])
     if name.endswith(".json") or Path(name).is_file():
         return load_draft(name)  # a profile file (a missing .json: "no such ... file")
-    raise UsageError(f"--draft {name}: not a draft profile name, a shipped draft's checkpoint "
-                     "or a profile .json file; `vllm-kimi-ext plan --list` lists each profile "
-                     "with its checkpoint (e.g. lightseek-eagle3-mla = "
-                     "lightseekorg/kimi-k2.5-eagle3-mla)")
+    raise UsageError(f"--draft {name}: unknown draft profile {name!r} (neither a profile name, "
+                     "a shipped draft's checkpoint nor a profile .json file); `vllm-kimi-ext "
+                     "plan --list` lists each profile with its checkpoint (e.g. "
+                     "lightseek-eagle3-mla = lightseekorg/kimi-k2.5-eagle3-mla)")
 
 
 def _given_acceptance(args) -> bool:

@@ -34,10 +34,10 @@ def _value(j: Any, python: str, draft_dirs: dict[str, str]) -> dict[str, Any]:
 
 
 def pair(h: Any) -> dict[str, Any]:
-    """{role: judged configuration} of the answer ``h``."""
+    """{role: judged configuration} of the answer ``h``: the answer, and the configuration to
+    measure beside it when the answer names one."""
     if h.measure_next is None:
-        raise ValueError("the answer names nothing to measure beside it (no configuration "
-                         "worth measuring and no measured alternative)")
+        return {"answer": h.choice}
     return {"answer": h.choice, "measure": h.measure_next}
 
 
@@ -110,8 +110,11 @@ def next_steps(rows: list[dict[str, Any]], out: Path | str | None) -> str:
 
 
 def verdict(rows: list[dict[str, Any]], out: Path | str | None = None) -> str:
-    a, b = rows
     nxt = next_steps(rows, out)
+    if len(rows) == 1:
+        return ("the answer alone (nothing to measure beside it)" + (f"; {nxt}" if nxt
+                                                                      else ""))
+    a, b = rows
     if a["measured_tokens_per_s"] is None or b["measured_tokens_per_s"] is None:
         return "not settled: a launch did not measure (see report.md)" + (
             f"; {nxt}" if nxt else "")
@@ -138,6 +141,9 @@ def arm_lines(h: Any, draft_dirs: dict[str, str]) -> list[str]:
                      "after vllm-kimi-ext draft rope-config)"
                      if j.draft.name not in draft_dirs else " (the --draft-dir copy)")
         out.append(line)
+    if h.measure_next is None:
+        out.append("measure: skipped (the answer names no configuration worth measuring and "
+                   "no measured alternative: one launch)")
     return out
 
 
