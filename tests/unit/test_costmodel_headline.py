@@ -161,3 +161,23 @@ def test_every_recommendation_line_names_its_evidence_and_source(h):
     for row in rows:
         if "no acceptance published" not in row:
             assert any(w in row for w in WORDS.values()), row
+
+
+def test_the_search_record_covers_every_draft_and_feeds_the_evidence(monkeypatch):
+    """profiles/public-runs.json lists every draft profile (the lead records the exhaustive
+    search there); an exact-checkpoint run recorded in it raises that configuration to
+    'this checkpoint measured'."""
+    from vllm_kimi_ext.costmodel import evidence as ev_module
+
+    record = ev_module.search_record()
+    assert set(record["drafts"]) == set(list_profiles("drafts"))
+    assert record["search"]["status"].startswith(("PENDING", "DONE"))
+    mla = load_draft("lightseek-eagle3-mla")
+    run = {"checkpoint": mla.checkpoint, "target": "Kimi-K2.5", "stack": STOCK, "k": 3,
+           "box": "8x RTX PRO 6000", "engine": "vLLM 0.34.0", "settings": "TP8",
+           "result": "x tok/s", "source": {"repo": "a/b", "file": "c.md", "commit": "1" * 40}}
+    filled = {**record, "drafts": {**record["drafts"], mla.name: {
+        **record["drafts"][mla.name], "exact_checkpoint_runs": [run]}}}
+    monkeypatch.setattr(ev_module, "search_record", lambda: filled)
+    ev = evidence(Plan(k=3, draft=mla, batch=1, context=1024, backend="nccl"))
+    assert ev.level == EXACT and ev.runs == (run,) and ev.stacks == (STOCK,)
