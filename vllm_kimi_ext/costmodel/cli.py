@@ -389,9 +389,9 @@ def resolve_draft(name: str):
     if name.endswith(".json") or Path(name).is_file():
         return load_draft(name)  # a profile file (a missing .json: "no such ... file")
     raise UsageError(f"--draft {name}: unknown draft profile {name!r} (neither a profile name, "
-                     "a shipped draft's checkpoint nor a profile .json file); `vllm-kimi-ext "
-                     "plan --list` lists each profile with its checkpoint (e.g. "
-                     "lightseek-eagle3-mla = lightseekorg/kimi-k2.5-eagle3-mla)")
+                     f"a shipped draft's checkpoint nor a profile .json file); valid: "
+                     f"{', '.join(names)}; `vllm-kimi-ext plan --list` lists each with its "
+                     "checkpoint (e.g. lightseek-eagle3-mla = lightseekorg/kimi-k2.5-eagle3-mla)")
 
 
 def _given_acceptance(args) -> bool:
