@@ -11,6 +11,7 @@
     python bench/e2e/runner.py run --config bench/configs/e2e-kimi-k25-pcie8.yaml --plan-only
     # the cost model's answer and the configuration to measure beside it, back to back;
     # forecast.json / forecast.md: measured tokens/s and acceptance beside the forecast
+    # (--python PATH or run's --python box=PATH; checked for vLLM 0.34.0 before launching)
     python bench/e2e/runner.py recommendation --python .venv --out bench/out/e2e/what-to-run
     # ratios B/A per matching level
     python bench/e2e/runner.py compare A/results.json B/results.json --out cmp.md
@@ -124,12 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--config", type=Path, default=KIMI_CONFIG,
                    help="e2e config for the model, prompts, sampling and timeouts (its matrix "
                         "is replaced; default bench/configs/e2e-kimi-k25-pcie8.yaml)")
-    m.add_argument("--python", default=None, metavar="PATH",
-                   help="the python (executable or venv) with vLLM 0.34.0 and this project "
-                        "(not needed with --plan-only)")
+    m.add_argument("--python", default=None, metavar="[box=]PATH",
+                   help="the python (executable or venv) with vLLM 0.34.0 and this project; "
+                        "PATH, or box=PATH as run's --python NAME=PATH spells it (both launches "
+                        "use @box); its vLLM version is checked before anything starts (not "
+                        "needed with --plan-only)")
     m.add_argument("--draft-dir", action="append", default=[], metavar="DRAFT=DIR",
                    help="serve DRAFT (a profile name, e.g. zlab-dflash) from DIR instead of "
-                        "the path the docs use")
+                        "its published checkpoint, e.g. the copy vllm-kimi-ext draft "
+                        "rope-config writes (the other arm of DFlash's RoPE A/B)")
     for flag in ("--model", "--out", "--overwrite", "--requests", "--max-tokens",
                  "--datasets", "--startup-timeout", "--level-time-limit",
                  "--stop-after-failed-starts", "--time-budget", "--plan-only", "--plan-out",
@@ -219,6 +223,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _execute(args, cfg, where, pythons, select)
 
 
+#: The vLLM the answer's commands are written for.
+VLLM_VERSION = "0.34.0"
+
+
+def recommendation_python(text: str | None) -> str | None:
+    """``--python`` of ``recommendation``: ``PATH`` or ``box=PATH`` (run's syntax, the one
+    NAME its matrix uses)."""
+    if text is None:
+        return None
+    name, sep, path = text.partition("=")
+    if sep and name.lstrip("@") == "box":
+        return path
+    if sep and "/" not in name and name and path:
+        raise UsageError(f"--python {text}: the recommendation's launches use @box: pass "
+                         "PATH or box=PATH")
+    return text
+
+
+def check_vllm_version(python: str) -> None:
+    """Refuse, before anything launches, a python whose vLLM is not :data:`VLLM_VERSION`."""
+    from bench.harness import e2e
+    from bench.harness.e2e.server import probe_software
+
+    exe = e2e.python_path(python, f"--python {python}")
+    found = probe_software(exe)
+    if found.get("error"):
+        raise UsageError(f"--python {python}: cannot read its packages ({found['error']}); "
+                         f"expected a python with vLLM {VLLM_VERSION}")
+    if found.get("vllm") != VLLM_VERSION:
+        raise UsageError(f"--python {python}: has vLLM {found.get('vllm') or 'not installed'}; "
+                         f"expected vLLM {VLLM_VERSION} (the answer's commands are written for "
+                         "it; nothing was launched)")
+
+
 def cmd_recommendation(args: argparse.Namespace) -> int:
     """The answer and the configuration to measure beside it, back to back, then the
     measured numbers beside the forecast (forecast.json / forecast.md)."""
@@ -227,6 +265,7 @@ def cmd_recommendation(args: argparse.Namespace) -> int:
     from vllm_kimi_ext.costmodel.headline import headline
 
     where = f"{args.config} (recommendation)"
+    python = recommendation_python(args.python)
     draft_dirs = e2e.parse_pythons(args.draft_dir, "--draft-dir")
     h = headline()
     unknown = sorted(set(draft_dirs) - {j.draft.name for j in rec.pair(h).values()})
@@ -236,21 +275,26 @@ def cmd_recommendation(args: argparse.Namespace) -> int:
     base = e2e.normalize_config(apply_overrides(e2e.load_config(args.config), args),
                                 str(args.config))
     cfg = e2e.normalize_config(rec.matrix_config(base, h, "@box", draft_dirs), where)
-    pythons = {"box": args.python} if args.python else {}
+    pythons = {"box": python} if python else {}
+    for line in rec.arm_lines(h, draft_dirs):
+        print(line)
+    if python and not args.plan_only:
+        check_vllm_version(python)
 
     def forecast(out: Path, results: dict) -> None:
         rows = rec.forecast_rows(h, results)
         for path in rec.write_forecast(out, rows):
             print(f"wrote {path}")
-        print(rec.verdict(rows))
+        print(rec.verdict(rows, out))
 
     try:
         return _execute(args, cfg, where, pythons, {}, after=forecast)
     except e2e.ConfigError as exc:
         if "'speculative_config': 'model'" not in str(exc):
             raise
-        raise UsageError(f"{exc}; write the draft copy the docs name (vllm-kimi-ext draft "
-                         "rope-config) or pass --draft-dir DRAFT=DIR") from None
+        raise UsageError(f"{exc}; write it first (vllm-kimi-ext draft rope-config --draft "
+                         "DOWNLOAD --out DIR --attention-factor F) or drop --draft-dir to serve "
+                         "the published checkpoint") from None
 
 
 def _execute(args: argparse.Namespace, cfg: dict, where: str, pythons: dict, select: dict,

@@ -53,6 +53,11 @@ def _files(tmp: Path) -> dict[str, Path]:
         "bad_lacks": ("hw-bad-lacks.json", {**hw, "calibration": {**hw["calibration"], "runs": [
             {**bare[0], "model_lacks": {"difference": "mood", "why": "x"}}, *bare[1:]]}}),
         "eagle": ("eagle.json", _results("lightseekorg/kimi-k2.5-eagle3")),
+        "two_runs": ("two-runs.json", json.dumps({"schema": E2E, "runs": [
+            {**json.loads(_results("lightseekorg/kimi-k2.5-eagle3-mla"))["runs"][0],
+             "id": "answer"},
+            {**json.loads(_results("z-lab/Kimi-K2.5-DFlash"))["runs"][0], "id": "measure"},
+        ]})),
         "no_model": ("no-model.json", _results(None)),
         "negative_count": ("negative-count.json",
                            _results("lightseekorg/kimi-k2.5-eagle3", n=-40)),
@@ -92,6 +97,24 @@ def _old_json(files):
 
 
 CASES = [
+    # plan --draft: a profile name or the checkpoint every serve command uses
+    _plan("draft-checkpoint-name", ["--draft", "lightseekorg/kimi-k2.5-eagle3-mla"], 0,
+          ["Answer: `lightseek-eagle3-mla` k = "]),
+    _plan("draft-unknown-name", ["--draft", "kimi-k2.5-eagle3-mla"], 2,
+          ["--draft kimi-k2.5-eagle3-mla: unknown draft profile", "plan --list"]),
+    _plan("draft-unknown-checkpoint", ["--draft", "lightseekorg/kimi-k2.9-eagle3"], 2,
+          ["--draft lightseekorg/kimi-k2.9-eagle3", "plan --list",
+           "lightseek-eagle3-mla = lightseekorg/kimi-k2.5-eagle3-mla"]),
+    _plan("draft-missing-json", ["--draft", "/nonexistent/draft.json"], 2,
+          ["no such draft profile file"]),
+    # plan --acceptance-from a file with both launches of runner.py recommendation
+    _plan("acceptance-from-two-runs-picks-the-drafts-own",
+          ["--draft", "lightseekorg/kimi-k2.5-eagle3-mla", "--acceptance-from", "{two_runs}"],
+          0, ["two-runs.json: run answer, 40 drafts"]),
+    _plan("acceptance-from-two-runs-other-draft",
+          ["--draft", "lightseek-eagle3", "--acceptance-from", "{two_runs}"], 2,
+          ["2 speculative runs; pick one with --acceptance-run",
+           "answer: draft lightseekorg/kimi-k2.5-eagle3-mla"]),
     # plan --validate
     _plan("validate-no-calibration-points", ["--validate", "--hardware", "{no_calibration}"], 2,
           ["no point with split 'calibration'", "hw-no-calibration.json"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.harness import readme as R
-from vllm_kimi_ext.costmodel.headline import README_HEADING, readme_section
+from vllm_kimi_ext.costmodel.answer_text import README_HEADING, readme_section
 
 ROOT = Path(__file__).resolve().parents[2]
 

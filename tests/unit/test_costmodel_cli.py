@@ -37,8 +37,13 @@ def test_plan_writes_png_and_json(tmp_path, capsys):
     assert doc["recommended"]["draft"] == "lightseek-eagle3" and doc["recommended"]["buildable"]
     ans = doc["answer"]["choice"]
     assert (ans["draft"], ans["k"]) == ("lightseek-eagle3", doc["recommended"]["k"])
-    lo, hi = ans["interval_tokens_per_s"]
-    assert lo < ans["tokens_per_s"]["point"] < hi and ans["evidence"] == "modelled only"
+    iv = ans["interval_tokens_per_s"]
+    assert iv["low"] < ans["tokens_per_s"] < iv["high"] and iv["coverage"] == 0.8
+    assert ans["evidence"]["level"] == "modelled only"
+    assert doc["answer"]["interval"]["coverage"] == 0.8
+    no_spec = doc["answer"]["no_speculation"]
+    assert no_spec["interval_tokens_per_s"]["low"] < no_spec["tokens_per_s"] \
+        < no_spec["interval_tokens_per_s"]["high"]
     assert doc["rows"] and all(r["tokens_per_s"] > 0 for r in doc["rows"])
 
 

@@ -22,14 +22,12 @@ import pytest
 from bench.harness.sections.base import Context
 from bench.harness.sections.costmodel import run_costmodel
 from vllm_kimi_ext.cli import main
-from vllm_kimi_ext.costmodel.headline import (
+from vllm_kimi_ext.costmodel.answer_text import (
     current_readme_section,
-    headline,
     headline_markdown,
     public_status,
-    recommendation,
-    serve_command,
 )
+from vllm_kimi_ext.costmodel.headline import headline, recommendation, serve_command
 from vllm_kimi_ext.costmodel.options import describe
 from vllm_kimi_ext.costmodel.report import markdown_report
 
@@ -167,23 +165,27 @@ def test_serve_commands_are_complete():
     assert {"method", "model", "num_speculative_tokens"} <= set(cfg)
     assert "--attention-backend TRITON_MLA" in cmd
     # a DFlash draft beside the MLA target pins its own attention backend, as every public
-    # Kimi DFlash run on this card did, and is served from the config copy with the RoPE
-    # attention factor it was trained with
+    # Kimi DFlash run on this card did; its RoPE attention factor is unknown, so both arms
+    # of the A/B are printed: the published config (1.0 in vLLM 0.34.0) and a copy at 1.4159
     from vllm_kimi_ext.costmodel import load_draft
     from vllm_kimi_ext.costmodel.model import Plan
 
     d = load_draft("zlab-dflash")
     dflash = serve_command(Plan(k=7, draft=d, batch=1, context=1024, backend="nccl"))
     assert '"attention_backend": "TRITON_ATTN"' in dflash
-    assert '"model": "/models/Kimi-K2.5-DFlash-trained-rope"' in dflash
+    assert '"model": "z-lab/Kimi-K2.5-DFlash"' in dflash
+    blocks = 0
     for doc in (ROOT / "README.md", ROOT / "docs" / "what-to-run.md",
                 ROOT / "docs" / "choosing-a-draft.md"):
         for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
             if "vllm serve" in block and '"dflash"' in block:
+                blocks += 1
                 assert '"attention_backend": "TRITON_ATTN"' in block, doc.name
+                assert '"model": "z-lab/Kimi-K2.5-DFlash"' in block, doc.name
                 assert "draft rope-config --draft /models/Kimi-K2.5-DFlash --out " \
-                    "/models/Kimi-K2.5-DFlash-trained-rope" in block, doc.name
-                assert '"model": "/models/Kimi-K2.5-DFlash-trained-rope"' in block, doc.name
+                    "/models/Kimi-K2.5-DFlash-rope-1.4159 --attention-factor 1.4159" in block
+                assert '"model": "/models/Kimi-K2.5-DFlash-rope-1.4159"' in block, doc.name
+    assert blocks
 
 
 def test_a_serve_command_that_needs_the_plugin_enables_it():
@@ -219,9 +221,10 @@ def test_every_answer_names_its_evidence():
     import dataclasses
 
     run = {**d.raw["public_runs"][0], "checkpoint": d.checkpoint, "target": "Kimi-K2.5",
-           "stock_vllm": True, "k": 5, "box": "8x RTX PRO 6000"}
+           "stack": "stock vLLM 0.34.0", "k": 5, "box": "8x RTX PRO 6000"}
     twin = dataclasses.replace(d, raw={**d.raw, "public_runs": [run]})
     ran = public_status(Plan(k=5, draft=twin, batch=1, context=1024, backend="nccl"))
-    assert ran.startswith("**measured publicly on this box class") and "@" in ran
+    assert ran.startswith("**measured: this checkpoint on this box class (stock vLLM "
+                          "0.34.0)**") and "@" in ran
     assert public_status(Plan(k=6, draft=twin, batch=1, context=1024, backend="nccl")) \
         .startswith("**modelled only")  # another k is another configuration

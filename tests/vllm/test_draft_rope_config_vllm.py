@@ -1,7 +1,8 @@
 """vLLM 0.34.0's own config path reads a DFlash-shaped draft's RoPE attention factor both
-ways: the stock config (yarn factor 64, mscale = mscale_all_dim = 1) builds a rotary
-embedding at factor 1.0, the copy ``vllm-kimi-ext draft rope-config`` writes at the trained
-plain-YaRN factor 1.4159 (or the one given). The config is read by
+ways: the published config (yarn factor 64, mscale = mscale_all_dim = 1) builds a rotary
+embedding at factor 1.0, the copy ``vllm-kimi-ext draft rope-config`` writes at the
+plain-YaRN factor 1.4159 (or the one given); which one the draft was trained with is
+unknown. The config is read by
 ``vllm.transformers_utils.config.get_config`` and the rotary embedding built by
 ``vllm.model_executor.layers.rotary_embedding.get_rope`` with ``config.rope_parameters``,
 as ``qwen3_dflash.py`` does. Canary: :func:`effective_attention_factor` (what the doctor
@@ -9,8 +10,9 @@ reports) must equal what vLLM builds; if 0.34.0's rules change, this fails and n
 
 Planted bugs: ``write_copy`` writing the factor under a key vLLM ignores (``attn_factor``)
 fails the first test ("assert 1.0 == 1.4158883083359672"); ``effective_attention_factor``
-ignoring mscale / mscale_all_dim fails it on the stock config; README's DFlash serve command
-pointing at the stock directory fails the last test (the served draft is the download).
+ignoring mscale / mscale_all_dim fails it on the stock config; the mscale ratio inverted
+fails ``test_mscale_differing_from_mscale_all_dim``; README's DFlash A/B block serving the
+download as its second arm fails the last test.
 """
 
 from __future__ import annotations
@@ -47,13 +49,20 @@ def vllm_rotary_factor(path) -> tuple[float, dict]:
     return float(rope.mscale), dict(cfg.rope_parameters)
 
 
-def test_stock_config_runs_at_1_and_the_copy_at_the_trained_factor(tmp_path):
+def test_mscale_differing_from_mscale_all_dim(tmp_path):
+    draft = write_draft(tmp_path / "uneven", dflash_config(mscale=2.0))
+    factor, rope = vllm_rotary_factor(draft)
+    assert factor == pytest.approx((0.2 * math.log(64) + 1) / (0.1 * math.log(64) + 1))
+    assert effective_attention_factor(rope)[0] == pytest.approx(factor)
+
+
+def test_stock_config_runs_at_1_and_the_copy_at_the_plain_yarn_factor(tmp_path):
     draft = write_draft(tmp_path / "Kimi-K2.5-DFlash")
     stock, rope = vllm_rotary_factor(draft)
     assert stock == pytest.approx(1.0)
     assert effective_attention_factor(rope)[0] == pytest.approx(stock)
 
-    out = tmp_path / "Kimi-K2.5-DFlash-trained-rope"
+    out = tmp_path / "Kimi-K2.5-DFlash-rope-1.4159"
     write_copy(draft, out)
     trained, rope = vllm_rotary_factor(out)
     assert trained == pytest.approx(0.1 * math.log(64) + 1)
@@ -73,10 +82,11 @@ def test_without_mscale_vllm_uses_plain_yarn(tmp_path):
     assert effective_attention_factor(rope)[0] == pytest.approx(factor)
 
 
-def test_the_documented_dflash_commands_serve_the_trained_factor(tmp_path):
-    """The DFlash commands README.md prints, run as written (with /models moved under a
-    temporary directory and the download replaced by a DFlash-shaped config): the serve
-    command's draft model is the copy, and vLLM builds its rotary embedding at 1.4159."""
+def test_the_documented_dflash_commands_serve_both_factors(tmp_path):
+    """The DFlash A/B block README.md prints, run as written (with /models moved under a
+    temporary directory and the download replaced by a DFlash-shaped config): the first serve
+    command's draft is the published checkpoint (vLLM builds it at 1.0), the second the copy
+    rope-config writes, which vLLM builds at 1.4159."""
     import json
     import re
     import shlex
@@ -90,12 +100,16 @@ def test_the_documented_dflash_commands_serve_the_trained_factor(tmp_path):
     lines = [ln.strip() for ln in blocks[0].splitlines()]
     root = str(tmp_path)
     download = next(ln for ln in lines if ln.startswith("huggingface-cli download"))
-    write_draft(Path(shlex.split(download)[-1].replace("/models", root, 1)))
+    downloaded = Path(shlex.split(download)[-1].replace("/models", root, 1))
+    write_draft(downloaded)
     rope = next(ln for ln in lines if ln.startswith("vllm-kimi-ext draft rope-config"))
     argv = [w.replace("/models", root, 1) for w in shlex.split(rope)[1:]]
     assert main(argv) == 0
-    spec = json.loads(re.search(r"--speculative-config '(\{.*\})'", blocks[0]).group(1))
-    served = Path(spec["model"].replace("/models", root, 1))
-    assert served.is_dir() and served != Path(shlex.split(download)[-1].replace(
-        "/models", root, 1))
-    assert vllm_rotary_factor(served)[0] == pytest.approx(0.1 * math.log(64) + 1)
+    specs = [json.loads(m) for m in re.findall(r"--speculative-config '(\{.*\})'", blocks[0])]
+    assert len(specs) == 2
+    assert specs[0]["model"] == shlex.split(download)[2]  # the published checkpoint
+    assert vllm_rotary_factor(downloaded)[0] == pytest.approx(1.0)
+    served = Path(specs[1]["model"].replace("/models", root, 1))
+    assert served.is_dir() and served != downloaded
+    # the printed factor is 1.4159, four decimals of 0.1 ln 64 + 1
+    assert vllm_rotary_factor(served)[0] == pytest.approx(0.1 * math.log(64) + 1, abs=1e-4)

@@ -295,10 +295,13 @@ def band_for(draft, dataset: str | None = None, ratio: float | None = None
 E2E_SCHEMA = "vllm-kimi-ext/e2e-results/1"
 
 
-def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]:
+def from_results_json(path, run_id: str | None = None,
+                      checkpoints: list[str] | None = None) -> tuple[Acceptance, str]:
     """Pooled per-position acceptance of a speculative run of the e2e runner's
     ``results.json`` (levels weighted by their number of drafts), and the run's id.
-    ``ValueError`` names the file and the field on anything unusable."""
+    Without ``run_id``, a file with several speculative runs is narrowed to the runs whose
+    draft model is one of ``checkpoints`` (the ``--draft`` given). ``ValueError`` names the
+    file and the field on anything unusable."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -314,12 +317,17 @@ def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]
         for lv in r.get("levels") or [])]
     if run_id is not None:
         runs = [r for r in runs if r.get("id") == run_id]
+    elif len(runs) > 1 and checkpoints:
+        mine = [r for r in runs if any(same_draft(_run_model(r), c) for c in checkpoints)]
+        runs = mine or runs
     if not runs:
         raise ValueError(f"{path}: field 'runs': no speculative run with per-position "
                          "acceptance" + (f" and id {run_id!r}" if run_id else ""))
     if len(runs) > 1:
         raise ValueError(f"{path}: field 'runs': {len(runs)} speculative runs; pick one with "
-                         f"--acceptance-run ({', '.join(str(r.get('id')) for r in runs)})")
+                         "--acceptance-run (" + ", ".join(
+                             f"{r.get('id')}: draft {_run_model(r) or 'not recorded'}"
+                             for r in runs) + ")")
     run = runs[0]
     sums: list[float] = []
     drafts = 0
@@ -348,6 +356,12 @@ def from_results_json(path, run_id: str | None = None) -> tuple[Acceptance, str]
                                          f"{drafts} drafts"), str(run.get("id")))
 
 
+def _run_model(run: dict) -> str:
+    spec = run.get("speculative_config")
+    model = spec.get("model") if isinstance(spec, dict) else None
+    return model if isinstance(model, str) else ""
+
+
 def results_draft(path, run_id: str) -> str | None:
     """The draft model (``speculative_config.model``) the run ``run_id`` of an e2e
     ``results.json`` measured, or None when it records none. Call after
@@ -364,4 +378,4 @@ def results_draft(path, run_id: str) -> str | None:
 def same_draft(measured: str, checkpoint: str) -> bool:
     """Whether a run's draft model (a hub id or a local path) is the profile's checkpoint."""
     m, c = measured.rstrip("/"), checkpoint.rstrip("/")
-    return bool(c) and (m == c or m.endswith("/" + c) or m.lower() == c.lower())
+    return bool(c) and bool(m) and (m == c or m.endswith("/" + c) or m.lower() == c.lower())

@@ -80,8 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model profile name or JSON path (default {DEFAULT_MODEL})")
     p.add_argument("--draft", action="append", default=[],
-                   help="draft profile name or JSON path; repeat for several "
-                   "(default: every draft with a card acceptance figure)")
+                   help="draft profile name, the draft's checkpoint (as in --speculative-config) "
+                   "or a profile JSON path; repeat for several (default: every draft with a "
+                   "card acceptance figure; --list shows them)")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--acceptance", metavar="R1,R2,...",
                      help="per-position acceptance rates as vLLM logs them (fraction of steps "
@@ -91,7 +92,8 @@ def register(subparsers) -> None:
     acc.add_argument("--acceptance-from", type=Path, metavar="RESULTS_JSON",
                      help="per-position acceptance of a bench/e2e/runner.py results.json")
     p.add_argument("--acceptance-run", default=None,
-                   help="with --acceptance-from: the run id when the file holds several")
+                   help="with --acceptance-from: the run id when the file holds several runs "
+                   "of the --draft given (default: the one run of that draft)")
     p.add_argument("--acceptance-any-draft", action="store_true",
                    help="with --acceptance-from: apply the run's acceptance even to a --draft "
                    "other than the draft it measured (refused otherwise: acceptance belongs "
@@ -216,7 +218,8 @@ def resolve_acceptances(args, drafts):
 
     if args.acceptance_from is not None:
         try:
-            shared, run_id = from_results_json(args.acceptance_from, args.acceptance_run)
+            shared, run_id = from_results_json(args.acceptance_from, args.acceptance_run,
+                                               [d.checkpoint for d in drafts])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         check_measured_draft(args, drafts, results_draft(args.acceptance_from, run_id), run_id)
@@ -346,7 +349,7 @@ def _run_verify_cost(args) -> int:
 def _build(args):
     import dataclasses
 
-    from vllm_kimi_ext.costmodel.catalog import load_draft, load_hardware, load_model
+    from vllm_kimi_ext.costmodel.catalog import load_hardware, load_model
     from vllm_kimi_ext.costmodel.model import CostModel
 
     hw = load_hardware(args.hardware)
@@ -357,7 +360,7 @@ def _build(args):
         cm = cm.with_params(dataclasses.replace(cm.params, routing_skew=args.routing_skew))
     from vllm_kimi_ext.costmodel.headline import card_drafts
 
-    drafts = [load_draft(n) for n in args.draft] if args.draft else card_drafts()
+    drafts = [resolve_draft(n) for n in args.draft] if args.draft else card_drafts()
     if args.dataset and not any(args.dataset in d.datasets() for d in drafts):
         raise UsageError(f"--dataset {args.dataset!r}: no selected draft has it; available: "
                          + ", ".join(sorted({ds for d in drafts for ds in d.datasets()})))
@@ -368,6 +371,27 @@ def _build(args):
                              f"table {cm.latency.name}; valid: {', '.join(cm.backends)}")
         check_backends(args, cm)
     return cm, drafts
+
+
+def resolve_draft(name: str):
+    """A ``--draft``: a shipped profile's name, a shipped draft's checkpoint (e.g.
+    ``lightseekorg/kimi-k2.5-eagle3-mla``), or a profile JSON file."""
+    from pathlib import Path
+
+    from vllm_kimi_ext.costmodel.catalog import list_profiles, load_draft
+
+    names = list_profiles("drafts")
+    if name in names:
+        return load_draft(name)
+    by_checkpoint = {load_draft(n).checkpoint.lower(): n for n in names}
+    if name.rstrip("/").lower() in by_checkpoint:
+        return load_draft(by_checkpoint[name.rstrip("/").lower()])
+    if name.endswith(".json") or Path(name).is_file():
+        return load_draft(name)  # a profile file (a missing .json: "no such ... file")
+    raise UsageError(f"--draft {name}: unknown draft profile {name!r} (neither a profile name, "
+                     f"a shipped draft's checkpoint nor a profile .json file); valid: "
+                     f"{', '.join(names)}; `vllm-kimi-ext plan --list` lists each with its "
+                     "checkpoint (e.g. lightseek-eagle3-mla = lightseekorg/kimi-k2.5-eagle3-mla)")
 
 
 def _given_acceptance(args) -> bool:
@@ -402,8 +426,8 @@ def _headline_inputs(args) -> bool:
 
 
 def _run(args) -> int:
-    from vllm_kimi_ext.costmodel.headline import answer, answer_line
-    from vllm_kimi_ext.costmodel.tables import format_answer
+    from vllm_kimi_ext.costmodel.answer_text import answer_line, format_answer
+    from vllm_kimi_ext.costmodel.headline import answer
 
     cm, drafts = _build(args)
     drafts_acc = resolve_acceptances(args, drafts)
@@ -449,7 +473,7 @@ def _print_plan(args, cm, rec, drafts_acc) -> None:
     for line in rec.explanation:
         print(f"- {line}")
     if rec.best.plan.speculative:
-        from vllm_kimi_ext.costmodel.headline import public_status
+        from vllm_kimi_ext.costmodel.answer_text import public_status
 
         print(f"- Evidence: {public_status(rec.best.plan)}")
     for line in rec.caveats:
@@ -476,7 +500,7 @@ def _run_validate(args) -> int:
 def _write_json(args, cm, rec, drafts_acc, a) -> None:
     import dataclasses
 
-    from vllm_kimi_ext.costmodel.headline import answer_dict
+    from vllm_kimi_ext.costmodel.answer_text import answer_dict
 
     doc = {
         "answer": answer_dict(a),

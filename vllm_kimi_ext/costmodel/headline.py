@@ -5,22 +5,24 @@ is its answer for the drafts trained for Kimi-K2.5 at batch 1, context 1024. Per
 ranks the configurations buildable from stock vLLM 0.34.0 plus this project at the draft's
 **point acceptance** (:func:`~.acceptance.point_for`: the public field figure where one
 exists, else the card shrunk by the mean field/card ratio). Each configuration carries its
-**evidence level** (:mod:`.evidence`) and an **interval**: its tokens/s at the low and high
-ends of the acceptance band (:func:`~.acceptance.band_for`), widened by the model's own
-out-of-sample error (:func:`out_of_sample_error`, the mean error of ``plan --validate``'s
-held-out runs with no fitted cell). The rule (:func:`choose`):
+**evidence level** (:mod:`.evidence`), its **interval** (:mod:`.interval`: calibrated on the
+model's out-of-sample errors, around the point estimate, with its stated coverage) and,
+separately, its **acceptance band's spread** (tokens/s at the low and high ends of
+:func:`~.acceptance.band_for`). The rule (:func:`choose`):
 
-* the fastest measured configuration and the fastest configuration that is not measured are
+* the fastest configuration that ranks as measured (a public run on stock vLLM or upstream
+  main, :attr:`~.evidence.Evidence.ranks_as_measured`) and the fastest one that does not are
   picked by point estimate (within 2 %: fewest changes to stock vLLM first);
-* the unmeasured one is recommended only when its whole interval clears the measured one's
-  (its low end above the measured one's high end); otherwise the measured one is recommended
+* the other one is recommended only when its whole interval clears the measured one's (its
+  low end above the measured one's high end); otherwise the measured one is recommended
   and the other, when its point estimate is higher by more than that 2 %, is printed as
   **worth measuring**, with the command that settles it on a box.
 
-:func:`headline_markdown` renders it; README.md's section "What to run on 8x PCIe"
-(:func:`readme_section`), ``docs/what-to-run.md``, ``docs/choosing-a-draft.md``,
-``vllm-kimi-ext plan`` (its first line, :func:`answer_line`) and ``nox -s bench`` all print
-it, and ``tests/unit/test_costmodel_one_answer.py`` compares each with this function.
+Everything that prints the answer (``plan``, ``plan --json``, README.md's section,
+``docs/what-to-run.md``, ``docs/choosing-a-draft.md``, ``nox -s bench``) renders it through
+:mod:`.answer_text`; ``tests/unit/test_costmodel_one_answer.py`` compares each with this
+function. The serve commands are built here (:func:`serve_command`), so the box-side run
+(``bench/e2e/runner.py recommendation``) serves exactly what the answer prints.
 """
 
 from __future__ import annotations
@@ -39,14 +41,13 @@ from vllm_kimi_ext.costmodel.acceptance import (
     point_for,
 )
 from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
-from vllm_kimi_ext.costmodel.evidence import Evidence, evidence, run_text
+from vllm_kimi_ext.costmodel.evidence import Evidence, evidence
 from vllm_kimi_ext.costmodel.explain import caveats, explain
+from vllm_kimi_ext.costmodel.interval import Calibrated, calibrated
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
 from vllm_kimi_ext.costmodel.options import Option, Recommendation
 from vllm_kimi_ext.costmodel.recommend import DEFAULT_TOLERANCE, MAX_K, pick, recommend
-from vllm_kimi_ext.patch_ids import ref
 
-README_HEADING = "## What to run on 8× PCIe"
 BATCH = 1
 CONTEXT = 1024
 TARGET = "Kimi-K2.5"
@@ -63,7 +64,7 @@ class Judged:
     tps: dict[str, float]  # "point", "low", "card", "high"
     tau: dict[str, float]
     evidence: Evidence
-    error: float  # the model's out-of-sample error (fraction)
+    calib: Calibrated  # the model's calibrated out-of-sample interval
 
     @property
     def plan(self) -> Plan:
@@ -75,8 +76,14 @@ class Judged:
 
     @property
     def interval(self) -> tuple[float, float]:
-        """tokens/s at the band's low end x (1 - error) .. its high end x (1 + error)."""
-        return (self.tps["low"] * (1 - self.error), self.tps["high"] * (1 + self.error))
+        """The calibrated interval of tokens/s around the point estimate (:mod:`.interval`)."""
+        return self.calib.around(self.tps["point"])
+
+    @property
+    def band_tps(self) -> tuple[float, float]:
+        """tokens/s at the acceptance band's low and high ends (the model's point estimates;
+        the acceptance spread, reported beside the interval, not folded into it)."""
+        return (min(self.tps["low"], self.tps["high"]), max(self.tps["low"], self.tps["high"]))
 
     def clears(self, other: Judged) -> bool:
         """Whether this configuration's whole interval lies above ``other``'s."""
@@ -93,7 +100,7 @@ class Answer:
     alternative: Judged | None  # the measured configuration a cleared choice beat
     per_draft: tuple[tuple[str, Judged, Judged | None], ...]  # (draft, its choice, its w.m.)
     no_spec_tps: float  # stock vLLM without speculation (NCCL), same batch and context
-    error: float
+    calib: Calibrated
     rec: Recommendation = dataclasses.field(repr=False, compare=False, default=None)
     cm: CostModel = dataclasses.field(repr=False, compare=False, default=None)
 
@@ -107,6 +114,11 @@ class Answer:
 
     def speedup(self, which: str = "point") -> float:
         return self.choice.tps[which] / self.no_spec_tps
+
+    @property
+    def no_spec_interval(self) -> tuple[float, float]:
+        """The calibrated interval of stock vLLM without speculation."""
+        return self.calib.around(self.no_spec_tps)
 
     @property
     def measure_next(self) -> Judged | None:
@@ -125,23 +137,14 @@ def card_drafts() -> list[DraftProfile]:
             and d.raw.get("trained_for", TARGET) == TARGET]
 
 
-@lru_cache(maxsize=8)
-def out_of_sample_error(hardware: str = PCIE) -> float:
-    """Mean |error| of ``plan --validate``'s held-out points from runs with no fitted cell
-    (the model's own out-of-sample error on this box class)."""
-    from vllm_kimi_ext.costmodel.calibration import HELD_OUT, mean_abs, validate
-
-    return mean_abs(validate(CostModel.build(hardware)).held_out(HELD_OUT[1]))
-
-
 def judge(cm: CostModel, option: Option, band: AcceptanceBand, point: Acceptance,
-          error: float) -> Judged:
+          calib: Calibrated) -> Judged:
     p = option.plan
     tps, tau = {"point": option.tokens_per_s}, {"point": option.estimate.tau}
     for s, acc in band.scenarios().items():
         e = cm.estimate(p, acc)
         tps[s], tau[s] = e.tokens_per_s, e.tau
-    return Judged(option, band, point, tps, tau, evidence(p), error)
+    return Judged(option, band, point, tps, tau, evidence(p), calib)
 
 
 def choose(judged: list[Judged], tolerance: float = DEFAULT_TOLERANCE
@@ -155,8 +158,8 @@ def choose(judged: list[Judged], tolerance: float = DEFAULT_TOLERANCE
         chosen = pick([j.option for j in js], tolerance, accs)
         return next(j for j in js if j.option is chosen)
 
-    measured = best([j for j in judged if j.evidence.measured])
-    other = best([j for j in judged if not j.evidence.measured])
+    measured = best([j for j in judged if j.evidence.ranks_as_measured])
+    other = best([j for j in judged if not j.evidence.ranks_as_measured])
     if measured is None:
         return other, None, None
     if other is None or other.tps["point"] <= measured.tps["point"] * (1 + tolerance):
@@ -169,15 +172,15 @@ def choose(judged: list[Judged], tolerance: float = DEFAULT_TOLERANCE
 def answer(cm: CostModel, drafts: list[DraftProfile], batch: int = BATCH,
            context: int = CONTEXT, *, acceptance: dict[str, Acceptance] | None = None,
            dataset: str | None = None, backends: list[str] | None = None, k_max: int = MAX_K,
-           stock_only: bool = False, error: float | None = None) -> Answer:
+           stock_only: bool = False, calib: Calibrated | None = None) -> Answer:
     """What to run among ``drafts``. ``acceptance`` (draft name -> a measured or given
-    acceptance) replaces a draft's point estimate and its band. ``error`` defaults to the
-    out-of-sample error of the calibrated PCIe profile (also for another hardware profile or
-    other parameters: the only box class with held-out public runs). Raises ValueError when
-    nothing fits or no draft has an acceptance figure."""
+    acceptance) replaces a draft's point estimate and its band. ``calib`` defaults to the
+    interval calibrated on the PCIe profile's held-out runs (also for another hardware
+    profile or other parameters: the only box class with held-out public runs). Raises
+    ValueError when nothing fits or no draft has an acceptance figure."""
     everything = [load_draft(n) for n in list_profiles("drafts")]
     low_ratio, mean_ratio = field_to_card_ratio(everything), mean_field_to_card_ratio(everything)
-    error = out_of_sample_error(PCIE) if error is None else error
+    calib = calibrated(PCIE) if calib is None else calib
     per_draft, judged, pairs = [], [], []
     for d in drafts:
         given = (acceptance or {}).get(d.name)
@@ -190,7 +193,7 @@ def answer(cm: CostModel, drafts: list[DraftProfile], batch: int = BATCH,
         pairs.append((d, point))
         rec = recommend(cm, [(d, point)], batch=batch, context=context, backends=backends,
                         k_max=k_max, stock_only=stock_only)
-        mine = [judge(cm, o, band, point, error) for o in _candidates(rec)]
+        mine = [judge(cm, o, band, point, calib) for o in _candidates(rec)]
         c, w, _ = choose(mine)
         per_draft.append((d.name, c, w))
         judged += mine
@@ -202,7 +205,7 @@ def answer(cm: CostModel, drafts: list[DraftProfile], batch: int = BATCH,
                     stock_only=stock_only)
     no_spec = cm.no_spec(batch=batch, context=context, backend="nccl").tokens_per_s
     return Answer(cm.hw.name, batch, context, choice, worth, alt, tuple(per_draft), no_spec,
-                  error, with_choice(cm, rec, choice, pairs), cm)
+                  calib, with_choice(cm, rec, choice, pairs), cm)
 
 
 def _candidates(rec: Recommendation) -> list[Option]:
@@ -211,7 +214,7 @@ def _candidates(rec: Recommendation) -> list[Option]:
     spec = [o for o in rec.options if o.plan.speculative]
     out = []
     for measured in (True, False):
-        group = [o for o in spec if evidence(o.plan).measured == measured]
+        group = [o for o in spec if evidence(o.plan).ranks_as_measured == measured]
         if group:
             top = max(o.tokens_per_s for o in group)
             out += [o for o in group if o.tokens_per_s >= top * (1 - DEFAULT_TOLERANCE)]
@@ -263,27 +266,39 @@ def draft_attention_backend(d: DraftProfile) -> str | None:
     return spec.get("value") if isinstance(spec, dict) else None
 
 
-def rope_copy(d: DraftProfile) -> dict | None:
-    """The draft's ``rope_copy`` entry (a YaRN draft whose trained RoPE attention factor
-    vLLM 0.34.0 does not reproduce from its config), or None."""
-    spec = d.raw.get("rope_copy")
+def rope_factor(d: DraftProfile) -> dict | None:
+    """The draft's ``rope_factor`` entry (a YaRN draft whose RoPE attention factor is not
+    established: vLLM 0.34.0 reads one value from its config, other stacks another), or
+    None."""
+    spec = d.raw.get("rope_factor")
     return spec if isinstance(spec, dict) else None
 
 
-def local_dirs(d: DraftProfile) -> tuple[str, str]:
-    """(downloaded checkpoint, config copy) directories the documented commands use."""
+def factor_text(x: float) -> str:
+    """A RoPE attention factor as the docs print it (1.0, 1.4159)."""
+    return f"{x:.1f}" if x == round(x, 1) else f"{x:g}"
+
+
+def local_dirs(d: DraftProfile, factor: float) -> tuple[str, str]:
+    """(downloaded checkpoint, config copy with RoPE attention factor ``factor``)
+    directories the documented commands use."""
     base = d.checkpoint.rsplit("/", 1)[-1]
-    return f"/models/{base}", f"/models/{base}-trained-rope"
+    return f"/models/{base}", f"/models/{base}-rope-{factor_text(factor)}"
 
 
-def setup_commands(plan: Plan) -> list[str]:
-    """Commands to run before :func:`serve_command` (a draft config copy with the RoPE
-    attention factor the draft was trained with)."""
-    if not plan.speculative or rope_copy(plan.draft) is None:
+def rope_ab_commands(plan: Plan, requires=()) -> list[str]:
+    """The other arm of a draft whose RoPE factor is unknown: a config copy at the factor
+    vLLM 0.34.0 does not read from the config, and its serve command (empty when the
+    draft's factor is established)."""
+    spec = rope_factor(plan.draft) if plan.speculative else None
+    if spec is None:
         return []
-    src, out = local_dirs(plan.draft)
+    f = spec["other_factor"]
+    src, out = local_dirs(plan.draft, f)
     return [f"huggingface-cli download {plan.draft.checkpoint} --local-dir {src}",
-            f"vllm-kimi-ext draft rope-config --draft {src} --out {out}"]
+            f"vllm-kimi-ext draft rope-config --draft {src} --out {out} "
+            f"--attention-factor {factor_text(f)}",
+            serve_command(plan, requires, model=out)]
 
 
 #: ``vllm serve`` arguments of every command printed (the calibration runs' settings).
@@ -291,11 +306,11 @@ SERVE_ARGS = ("--trust-remote-code", "--tensor-parallel-size", "8", "--kv-cache-
               "--attention-backend", TARGET_ATTENTION)
 
 
-def speculative_config(plan: Plan) -> dict:
-    """``--speculative-config`` of ``plan`` (the serve commands and the box-side run)."""
+def speculative_config(plan: Plan, model: str | None = None) -> dict:
+    """``--speculative-config`` of ``plan`` (the serve commands and the box-side run);
+    ``model`` replaces the draft's checkpoint (a local copy)."""
     d = plan.draft
-    cfg = {"method": d.method,
-           "model": local_dirs(d)[1] if rope_copy(d) is not None else d.checkpoint,
+    cfg = {"method": d.method, "model": model or d.checkpoint,
            "num_speculative_tokens": plan.k}
     if draft_attention_backend(d):
         cfg["attention_backend"] = draft_attention_backend(d)
@@ -315,204 +330,32 @@ def serve_env(plan: Plan, requires=()) -> dict[str, str]:
     return env
 
 
-def serve_command(plan: Plan, requires=()) -> str:
-    """A complete ``vllm serve`` line for ``plan``."""
+def serve_command(plan: Plan, requires=(), model: str | None = None) -> str:
+    """A complete ``vllm serve`` line for ``plan`` (``model``: see
+    :func:`speculative_config`)."""
     env = "".join(f"{k}={v} " for k, v in serve_env(plan, requires).items())
     a = SERVE_ARGS
     return (f"{env}vllm serve moonshotai/Kimi-K2.5 {a[0]} {' '.join(a[1:3])} \\\n"
             f"  {' '.join(a[3:])} \\\n"
-            f"  --speculative-config '{json.dumps(speculative_config(plan))}'")
+            f"  --speculative-config '{json.dumps(speculative_config(plan, model))}'")
 
 
 def commands(j: Judged) -> str:
-    """The bash block that serves ``j`` (setup lines first)."""
-    return "\n".join([*setup_commands(j.plan), serve_command(j.plan, j.option.requires)])
-
-
-def public_short(plan: Plan) -> str:
-    """A table cell: the evidence level of the exact configuration, with its sources."""
-    return evidence(plan).short()
-
-
-def public_status(plan: Plan) -> str:
-    """The evidence behind this configuration with its sources; when it is modelled only,
-    the nearest public run of the draft's kind."""
-    ev = evidence(plan)
-    out = ev.text()
-    runs = plan.draft.raw.get("public_runs", []) if plan.speculative else []
-    if not ev.runs and runs:
-        out += f". Nearest public run: {run_text(runs[0])}"
-    return out + "."
-
-
-def short(plan: Plan) -> str:
-    """``draft k=K placement/vocab, verifier, backend`` for one line."""
-    if not plan.speculative:
-        return f"no speculation ({plan.backend})"
-    return (f"`{plan.draft.name}` k = {plan.k} ({plan.placement}/{plan.vocab}, "
-            f"{plan.verifier}, {plan.backend})")
-
-
-def _describe_choice(h: Answer) -> str:
-    p = h.plan
-    place = {"tp8": "sharded over the 8 GPUs like the target (stock)",
-             "tp8-repemb": "sharded, with its own replicated embedding "
-                           f"({ref('replicate-draft-embedding')})",
-             "tp1": "whole on every GPU (draft TP=1)"}[p.placement]
-    verifier = ("stock full-logits all-gather" if p.verifier == "gather"
-                else "vocabulary-sharded (experimental)")
-    return (f"- **Draft** `{h.draft.checkpoint}` (`{h.draft.name}`), **k = {p.k}** "
-            f"(`num_speculative_tokens`), {place}, {p.vocab} vocabulary; **verifier**: "
-            f"{verifier}; **all-reduce**: NCCL ({'stock' if p.backend == 'nccl' else p.backend}).")
-
-
-def interval_text(j: Judged) -> str:
-    lo, hi = j.interval
-    return f"{lo:.0f}-{hi:.0f} tok/s"
-
-
-def expected_line(h: Answer) -> str:
-    c = h.choice
-    return (f"- Expected **{c.tps['point']:.0f} tok/s** single stream (context {h.context}) at "
-            f"its point acceptance (tau {c.tau['point']:.2f}: {_point_words(c)}); interval "
-            f"**{interval_text(c)}** (acceptance band tau {c.tau['low']:.2f}-"
-            f"{c.tau['high']:.2f}, widened by the model's out-of-sample error "
-            f"±{h.error:.1%}: the mean error of `vllm-kimi-ext plan --validate` on runs with "
-            f"no fitted cell), vs **{h.no_spec_tps:.0f} tok/s** for stock vLLM without "
-            f"speculation: **{h.speedup():.2f}x**.")
-
-
-def _point_words(j: Judged) -> str:
-    src = j.point.source
-    if src.startswith("field:"):
-        return "its public field figure"
-    if "ratio" in src:
-        return "its card shrunk by the mean field/card ratio of Kimi drafts"
-    return "its card figure"
-
-
-def rope_note(j: Judged) -> str:
-    """How the commands serve a draft whose trained RoPE factor 0.34.0 does not reproduce."""
-    spec = rope_copy(j.draft) if j.plan.speculative else None
-    if spec is None:
-        return ""
-    return (f" Served as trained: the commands write a copy of the draft whose config carries "
-            f"RoPE attention factor {spec['attention_factor']:g} (`vllm-kimi-ext draft "
-            "rope-config`; vLLM 0.34.0 would run the stock config at 1.0, and `vllm-kimi-ext "
-            "doctor` reports it as W-ROPE-YARN-FACTOR); the acceptance difference between the "
-            "two is unmeasured until a box runs both (choosing-a-draft.md, \"DFlash RoPE "
-            "scaling\": `bench/e2e/runner.py recommendation` once as is and once with "
-            f"`--draft-dir {j.draft.name}={local_dirs(j.draft)[0]}`).")
-
-
-def worth_measuring_lines(h: Answer) -> list[str]:
-    w = h.worth_measuring
-    if w is None:
-        return []
-    return [f"- **Worth measuring**: {short(w.plan)}, {w.tps['point']:.0f} tok/s at its point "
-            f"acceptance (interval {interval_text(w)}; {w.evidence.short()}): faster "
-            f"by point estimate, but its interval does not clear the recommendation's "
-            f"({interval_text(h.choice)}), so it stays a forecast until a box measures it. "
-            "Settle both on your box, back to back with the same prompts: "
-            f"`{e2e_command(h)}`.{rope_note(w)} Its commands:", "",
-            "  ```bash", *(f"  {ln}" for ln in commands(w).splitlines()), "  ```"]
-
-
-def e2e_command(h: Answer) -> str:
-    """The box-side run of the choice and the configuration to measure beside it."""
-    return ("python bench/e2e/runner.py recommendation --python /path/to/venv "
-            "--out bench/out/e2e/what-to-run")
-
-
-def headline_markdown(h: Answer | None = None) -> str:
-    """The answer as markdown bullets plus the commands that serve it (README, docs,
-    bench)."""
-    h = h or headline()
-    c = h.choice
-    needs = [str(r) for r in c.option.requires]
-    lines = [
-        _describe_choice(h),
-        expected_line(h),
-        "- Evidence: " + public_status(c.plan),
-        "- Ranked by evidence: a configuration that is only modelled is recommended over a "
-        "measured one only when its whole interval clears the measured one's."
-        + (f" It does here: the measured alternative is {short(h.alternative.plan)} "
-           f"({interval_text(h.alternative)})." if h.alternative is not None else ""),
-        *worth_measuring_lines(h),
-        "- Needs: " + ("nothing beyond stock vLLM 0.34.0." if not needs else "; ".join(needs)
-                       + ".") + (f" Loading: {h.draft.stock_note}." if h.draft.stock_note
-                                 and draft_attention_backend(h.draft) else "") + rope_note(c),
-        "",
-        "```bash",
-        commands(c),
-        "```",
-    ]
-    return "\n".join(lines)
-
-
-def answer_dict(h: Answer) -> dict:
-    """The answer for ``plan --json``: choice and worth measuring, each with its evidence,
-    point estimate and interval."""
-    def one(j: Judged | None) -> dict | None:
-        if j is None:
-            return None
-        p = j.plan
-        return {"draft": j.draft.name, "checkpoint": j.draft.checkpoint, "k": p.k,
-                "placement": p.placement, "vocab": p.vocab, "verifier": p.verifier,
-                "backend": p.backend, "evidence": j.evidence.level,
-                "evidence_runs": [r.get("source") for r in j.evidence.runs],
-                "tokens_per_s": dict(j.tps), "tau": dict(j.tau),
-                "interval_tokens_per_s": list(j.interval), "point_acceptance": j.point.source,
-                "serve_command": serve_command(p, j.option.requires)}
-    return {"choice": one(h.choice), "worth_measuring": one(h.worth_measuring),
-            "measured_alternative": one(h.alternative), "out_of_sample_error": h.error,
-            "no_speculation_tokens_per_s": h.no_spec_tps}
-
-
-def answer_line(h: Answer) -> str:
-    """One line: the choice, its number, interval and evidence (``plan``'s first line)."""
-    c = h.choice
-    return (f"Answer: {short(c.plan)} -> {c.tps['point']:.0f} tok/s "
-            f"(interval {interval_text(c)}), {c.evidence.short()}"
-            + (f"; worth measuring: {short(h.worth_measuring.plan)} "
-               f"{h.worth_measuring.tps['point']:.0f} tok/s "
-               f"({interval_text(h.worth_measuring)})" if h.worth_measuring else ""))
-
-
-def readme_section(h: Answer | None = None) -> str:
-    """README.md's "What to run on 8x PCIe" section, generated."""
-    body = headline_markdown(h)
+    """The bash block that serves ``j``; for a draft whose RoPE factor is unknown, both
+    arms of the A/B that settles it."""
+    serve = serve_command(j.plan, j.option.requires)
+    other = rope_ab_commands(j.plan, j.option.requires)
+    if not other:
+        return serve
+    spec = rope_factor(j.draft)
     return "\n".join([
-        README_HEADING,
-        "",
-        "> **A forecast ranked by evidence, not a measurement of your box.** Generated by "
-        "`vllm_kimi_ext.costmodel.headline` (test-enforced): the decode cost model fitted to "
-        "public Kimi-K2.x runs on 8x RTX PRO 6000 (held-out validation and every source in "
-        "[docs/cost-model.md](docs/cost-model.md)), ranking only what stock vLLM 0.34.0 plus "
-        "this project can build. Measure your box with "
-        "`python bench/e2e/runner.py recommendation`, then "
-        "`vllm-kimi-ext plan --draft NAME --acceptance-from results.json`.",
-        "",
-        body,
-        "",
-        "Every draft, its evidence, the sensitivity of this answer and the what-if table "
-        "(settings you can apply, and upper bounds): [docs/what-to-run.md](docs/what-to-run.md).",
-        "",
-        "",
-    ])
+        f"# RoPE attention factor {factor_text(spec['config_factor'])}: what vLLM 0.34.0 reads "
+        "from "
+        "the published config",
+        serve,
+        f"# RoPE attention factor {factor_text(spec['other_factor'])} (plain YaRN): a local "
+        "copy of the "
+        "config; serve it instead, same prompts",
+        *other])
 
 
-def current_readme_section(readme: str) -> str | None:
-    """The section as it stands in ``readme`` (None when absent)."""
-    if README_HEADING not in readme:
-        return None
-    rest = readme.split(README_HEADING, 1)[1]
-    nxt = rest.find("\n## ")
-    return README_HEADING + (rest if nxt < 0 else rest[: nxt + 1])
-
-
-def updated_readme(readme: str, h: Answer | None = None) -> str:
-    cur = current_readme_section(readme)
-    if cur is None:
-        raise ValueError(f"README.md has no {README_HEADING!r} section")
-    return readme.replace(cur, readme_section(h), 1)

@@ -1,4 +1,5 @@
-"""Plain-text tables of ``vllm-kimi-ext plan``: options, the acceptance band, validation."""
+"""Plain-text tables of ``vllm-kimi-ext plan``: options and validation (the answer's own table
+is :func:`~.answer_text.format_answer`)."""
 
 from __future__ import annotations
 
@@ -44,28 +45,6 @@ def format_table(rec, show_all: bool = False) -> str:
     lines.append("  * recommended (buildable from stock vLLM 0.34.0 plus this project). x no-spec: "
                  "against no speculation on the same all-reduce backend. comm/tok: collective "
                  "payload per output token; HBM/tok: bytes each GPU streams per output token.")
-    return "\n".join(lines)
-
-
-def format_answer(a) -> str:
-    """Each draft's choice by the answer's rule: evidence, point estimate, interval and what
-    is worth measuring (:func:`~.headline.answer`)."""
-    from vllm_kimi_ext.costmodel.evidence import WORDS
-
-    lines = [f"Ranked by evidence (point: field acceptance, else the card shrunk by the mean "
-             f"field/card ratio; interval: the band's low and high ends widened by the model's "
-             f"out-of-sample error +-{a.error:.1%}):"]
-    head = (f"{'draft':22s} {'choice':30s} {'tok/s':>7s} {'interval':>13s}  evidence; worth "
-            "measuring")
-    lines += [head, "-" * len(head)]
-    for name, c, w in a.per_draft:
-        p = c.plan
-        lo, hi = c.interval
-        extra = "" if w is None else (f"; worth measuring k={w.plan.k} {w.plan.placement}/"
-                                      f"{w.plan.vocab} {w.tps['point']:.1f} tok/s")
-        choice = f"k={p.k} {p.placement}/{p.vocab} {p.verifier} {p.backend}"
-        lines.append(f"{name:22s} {choice:30s} {c.tps['point']:7.1f} {f'{lo:.0f}-{hi:.0f}':>13s}  "
-                     f"{WORDS[c.evidence.level]}{extra}")
     return "\n".join(lines)
 
 

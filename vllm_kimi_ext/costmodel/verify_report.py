@@ -22,9 +22,9 @@ from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel import verify_cost as vc
 from vllm_kimi_ext.costmodel.acceptance import from_draft_profile
 from vllm_kimi_ext.costmodel.catalog import load_draft
+from vllm_kimi_ext.costmodel.markdown import md_table
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
 from vllm_kimi_ext.costmodel.options import fmt_bytes
-from vllm_kimi_ext.costmodel.report import md_table
 
 PCIE = "rtx-pro-6000-pcie-x8"
 BLOCK = "verify"

@@ -24,9 +24,9 @@ input (nothing written).
 
 ``vllm-kimi-ext draft rope-config --draft D --out O [--attention-factor F]`` writes a local
 copy of a YaRN draft (``config.json`` with an explicit ``rope_scaling.attention_factor``,
-every other file linked) so vLLM 0.34.0 runs it at the factor it was trained with
-(:mod:`vllm_kimi_ext.drafts.rope_config`). Exit codes: 0 written, 2 refused input (nothing
-written).
+every other file linked) so vLLM 0.34.0 runs it at a chosen factor: one arm of the A/B that
+tells which factor the draft accepts better (:mod:`vllm_kimi_ext.drafts.rope_config`;
+DeepSeek / MLA heads are refused). Exit codes: 0 written, 2 refused input (nothing written).
 """
 
 from __future__ import annotations
@@ -134,26 +134,29 @@ def _register_draft(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _register_rope_config(subparsers: argparse._SubParsersAction) -> None:
-    from .rope_config import TRAINED_DEFAULT
+    from .rope_config import DEFAULT_FACTOR
 
     p = subparsers.add_parser(
         "rope-config",
-        help="copy a YaRN draft with an explicit RoPE attention factor (DFlash as trained)",
+        help="copy a YaRN draft with an explicit RoPE attention factor (one arm of an A/B)",
         description=(
             "Write a local copy of a YaRN draft directory whose config.json carries an "
             "explicit rope_scaling.attention_factor (every other file is linked, not copied), "
             "so vLLM 0.34.0 runs the draft's rotary embedding at that factor instead of the "
             "one it derives from mscale / mscale_all_dim. Serve the copy as the "
-            "speculative config's model. Exit code 0 written, 2 refused input (nothing "
-            "written)."),
-        epilog=f"default --attention-factor: {TRAINED_DEFAULT}.")
+            "speculative config's model, beside the original, to measure which factor the "
+            "draft accepts better. Refused: DeepSeek / MLA heads (vLLM 0.34.0 rewrites their "
+            "rope to deepseek_yarn, which never reads attention_factor) and configs whose "
+            "rope_scaling and rope_parameters differ. Exit code 0 written, 2 refused input "
+            "(nothing written)."),
+        epilog=f"default --attention-factor: {DEFAULT_FACTOR}.")
     p.add_argument("--draft", required=True, type=Path, help="the draft checkpoint directory")
     p.add_argument("--out", required=True, type=Path,
                    help="the copy to write (a new directory, or an empty one)")
     p.add_argument("--attention-factor", default=None,
                    type=bounded_float(0.0, 16.0, lo_open=True, what="an attention factor"),
-                   help="the factor to write (a number in (0, 16]; default: the draft's "
-                        "training value, see below)")
+                   help="the factor to write (a number in [0.0001, 16]; default: plain YaRN, "
+                        "see below)")
     p.set_defaults(func=run_rope_config)
     one_line_errors(p)
 
@@ -162,11 +165,13 @@ def run_rope_config(args: argparse.Namespace) -> int:
     from .rope_config import write_copy
 
     done = write_copy(args.draft, args.out, args.attention_factor)
-    how = "the plain-YaRN value it was trained with" if done["default"] else "--attention-factor"
+    how = ("the plain-YaRN value 0.1 * ln(factor) + 1 (vLLM <= 0.29, SGLang), the default"
+           if done["default"] else "--attention-factor")
     print(f"wrote {done['out']}: config.json with rope_scaling.attention_factor = "
           f"{done['attention_factor']:.4f} ({how}; vLLM 0.34.0 runs the original at "
-          f"{done['vllm_0_34_factor']:.4f} from {done['vllm_0_34_why']}), {done['linked']} "
-          f"other entries linked from {args.draft}")
+          f"{done['vllm_0_34_factor']:.4f} from {done['vllm_0_34_why']}; which factor the "
+          f"draft was trained with is not established: serve both and compare acceptance), "
+          f"{done['linked']} other entries linked from {args.draft}")
     return EXIT_OK
 
 

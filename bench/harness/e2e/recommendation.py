@@ -34,10 +34,10 @@ def _value(j: Any, python: str, draft_dirs: dict[str, str]) -> dict[str, Any]:
 
 
 def pair(h: Any) -> dict[str, Any]:
-    """{role: judged configuration} of the answer ``h``."""
+    """{role: judged configuration} of the answer ``h``: the answer, and the configuration to
+    measure beside it when the answer names one."""
     if h.measure_next is None:
-        raise ValueError("the answer names nothing to measure beside it (no configuration "
-                         "worth measuring and no measured alternative)")
+        return {"answer": h.choice}
     return {"answer": h.choice, "measure": h.measure_next}
 
 
@@ -100,18 +100,54 @@ def forecast_rows(h: Any, results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def verdict(rows: list[dict[str, Any]]) -> str:
+def next_steps(rows: list[dict[str, Any]], out: Path | str | None) -> str:
+    """The commands that re-rank each measured draft with its measured acceptance (each
+    picks its own run of the results file by its draft)."""
+    results = f"{out}/results.json" if out is not None else "results.json"
+    cmds = [f"`vllm-kimi-ext plan --draft {r['draft']} --acceptance-from {results}`"
+            for r in rows if r["measured_acceptance_length"] is not None]
+    return ("re-rank with the measured acceptance: " + "; ".join(cmds)) if cmds else ""
+
+
+def verdict(rows: list[dict[str, Any]], out: Path | str | None = None) -> str:
+    nxt = next_steps(rows, out)
+    if len(rows) == 1:
+        return ("the answer alone (nothing to measure beside it)" + (f"; {nxt}" if nxt
+                                                                      else ""))
     a, b = rows
     if a["measured_tokens_per_s"] is None or b["measured_tokens_per_s"] is None:
-        return "not settled: a launch did not measure (see report.md)"
+        return "not settled: a launch did not measure (see report.md)" + (
+            f"; {nxt}" if nxt else "")
     faster = a if a["measured_tokens_per_s"] >= b["measured_tokens_per_s"] else b
     return (f"measured faster on this box: {faster['role']} (`{faster['draft']}` k = "
-            f"{faster['k']}, {faster['measured_tokens_per_s']:.1f} tok/s); pass this "
-            "results.json to `vllm-kimi-ext plan --draft NAME --acceptance-from` to re-rank "
-            "with the measured acceptance")
+            f"{faster['k']}, {faster['measured_tokens_per_s']:.1f} tok/s); {nxt}")
 
 
-def forecast_markdown(rows: list[dict[str, Any]]) -> str:
+def arm_lines(h: Any, draft_dirs: dict[str, str]) -> list[str]:
+    """One line per launch: what it serves and from where (a draft whose RoPE factor is
+    unknown says which arm of that A/B this run is)."""
+    from vllm_kimi_ext.costmodel.headline import factor_text, rope_factor, speculative_config
+
+    out = []
+    for role, j in pair(h).items():
+        spec = speculative_config(j.plan)
+        model = draft_dirs.get(j.draft.name, spec["model"])
+        line = (f"{role}: `{j.draft.name}` k = {j.plan.k}, draft model {model}")
+        rope = rope_factor(j.draft)
+        if rope is not None:
+            line += (f" (RoPE attention factor unknown: the published config runs at "
+                     f"{factor_text(rope['config_factor'])} in vLLM 0.34.0; the "
+                     f"{factor_text(rope['other_factor'])} arm: --draft-dir {j.draft.name}=DIR "
+                     "after vllm-kimi-ext draft rope-config)"
+                     if j.draft.name not in draft_dirs else " (the --draft-dir copy)")
+        out.append(line)
+    if h.measure_next is None:
+        out.append("measure: skipped (the answer names no configuration worth measuring and "
+                   "no measured alternative: one launch)")
+    return out
+
+
+def forecast_markdown(rows: list[dict[str, Any]], out: Path | str | None = None) -> str:
     def f(v, spec=".1f"):
         return "-" if v is None else format(v, spec)
 
@@ -129,7 +165,7 @@ def forecast_markdown(rows: list[dict[str, Any]]) -> str:
             f"{'-' if r['within_interval'] is None else ('yes' if r['within_interval'] else 'no')}"
             + (f" ({r['status']}: {r['reason']})" if r["status"] not in ("ok", None) else "")
             + " |")
-    lines += ["", verdict(rows), ""]
+    lines += ["", verdict(rows, out), ""]
     return "\n".join(lines)
 
 
@@ -138,6 +174,7 @@ def write_forecast(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
 
     out = Path(out)
     md = out / "forecast.md"
-    md.write_text(forecast_markdown(rows))
+    md.write_text(forecast_markdown(rows, out))
     return [write_json(out / "forecast.json", {"schema": "vllm-kimi-ext/e2e-forecast/1",
-                                               "rows": rows, "verdict": verdict(rows)}), md]
+                                               "rows": rows, "verdict": verdict(rows, out)}),
+            md]

@@ -19,7 +19,8 @@ def needs_costmodel(caps: dict, ctx: Context) -> str | None:
 
 
 def run_costmodel(ctx: Context) -> Outcome:
-    from vllm_kimi_ext.costmodel.headline import headline, headline_markdown
+    from vllm_kimi_ext.costmodel.answer_text import headline_markdown
+    from vllm_kimi_ext.costmodel.headline import headline
     from vllm_kimi_ext.costmodel.report import PCIE, markdown_report
 
     h = headline()
@@ -36,7 +37,7 @@ def run_costmodel(ctx: Context) -> Outcome:
               "backend": p.backend, "evidence": h.choice.evidence.level,
               "tokens_per_s_point": round(h.choice.tps["point"], 1),
               "interval_tokens_per_s": [round(x, 1) for x in h.choice.interval],
-              "out_of_sample_error": round(h.error, 4),
+              "interval_coverage": h.calib.coverage,
               "worth_measuring": (None if h.worth_measuring is None else {
                   "draft": h.worth_measuring.draft.name, "k": h.worth_measuring.plan.k,
                   "tokens_per_s_point": round(h.worth_measuring.tps["point"], 1)})}

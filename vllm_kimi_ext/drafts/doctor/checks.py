@@ -228,38 +228,40 @@ def check_rope(tgt: dict, draft_cfg: dict) -> list[Finding]:
 
 def check_yarn_factor(draft_cfg: dict, method: str | None) -> list[Finding]:
     """The attention factor vLLM 0.34.0 derives for a YaRN DFlash draft, when it is not the
-    plain-YaRN value its training stack used (:mod:`vllm_kimi_ext.drafts.rope_config`)."""
+    plain-YaRN value other stacks use (:mod:`vllm_kimi_ext.drafts.rope_config`): which of
+    the two the draft was trained with is unknown, so both are named."""
     from vllm_kimi_ext.drafts.rope_config import (
         effective_attention_factor,
         is_yarn,
+        mla_reason,
+        plain_yarn_factor,
         rope_parameters,
-        trained_attention_factor,
     )
 
-    if method != "dflash":
-        # Only DFlash drafts have a known training value (plain YaRN); MLA heads take vLLM's
-        # DeepSeek YaRN, where the mscale ratio is intended, and for Llama-style EAGLE-3
-        # heads the training stack's value is not established here.
+    if method != "dflash" or mla_reason(draft_cfg):
+        # DFlash drafts run on vLLM's plain-YaRN path; MLA heads take vLLM's DeepSeek YaRN,
+        # which never reads attention_factor (rope-config refuses them), and for
+        # Llama-style EAGLE-3 heads no other stack's value is in question here.
         return []
     rope = rope_parameters(draft_cfg)
     try:
         if not is_yarn(rope) or float(rope.get("factor") or 0) <= 1:
             return []
         used, why = effective_attention_factor(rope)
-        trained = trained_attention_factor(rope)
+        plain = plain_yarn_factor(rope)
     except (TypeError, ValueError):
         return []  # malformed values are the config-field checks' findings
-    if rope.get("attention_factor") is not None or math.isclose(used, trained, rel_tol=1e-6):
+    if rope.get("attention_factor") is not None or math.isclose(used, plain, rel_tol=1e-6):
         return []
-    who = (" This is the z-lab/Kimi-K2.5-DFlash case: DFlash drafts are trained with plain "
-           "YaRN, and vllm-ascend restores that factor for that checkpoint, reporting lower "
-           "draft acceptance without it.")
     return [finding("W-ROPE-YARN-FACTOR", (
         f"vLLM 0.34.0 runs this draft's YaRN rotary embedding (factor {float(rope['factor']):g}) "
-        f"at attention factor {used:.4f}, from {why}; plain YaRN (older vLLM, SGLang) uses "
-        f"{trained:.4f}.{who} Serve a copy with the trained factor: vllm-kimi-ext draft "
-        "rope-config --draft DIR --out DIR-trained-rope (the acceptance difference is "
-        "unmeasured on this box class)."), field="rope_scaling")]
+        f"at attention factor {used:.4f}, from {why}; plain YaRN (vLLM <= 0.29, SGLang) uses "
+        f"{plain:.4f}. Which one the draft was trained with is not established (for "
+        "z-lab/Kimi-K2.5-DFlash, Hugging Face transformers also gives 1.0 and vllm-ascend "
+        "restores 1.4159): serve both and compare acceptance; vllm-kimi-ext draft "
+        f"rope-config --draft DIR --out DIR-rope-{plain:.4f} --attention-factor {plain:.4f} "
+        "writes the other arm (the acceptance difference is unmeasured on this box class)."),
+        field="rope_scaling")]
 
 
 def _aux_ids_with_defaults(draft_cfg: dict, method: str, t_layers: int,

@@ -96,9 +96,10 @@ FINDING_CODES: tuple[CodeInfo, ...] = (
              "target's."),
     CodeInfo("W-ROPE-YARN-FACTOR", WARNING,
              "vLLM 0.34.0 runs a DFlash draft's YaRN rotary embedding at another attention "
-             "factor than the plain YaRN it was trained with (its `mscale` / "
-             "`mscale_all_dim`: 1.0 instead of 1.416 for z-lab/Kimi-K2.5-DFlash); "
-             "`vllm-kimi-ext draft rope-config` writes a copy with the trained factor."),
+             "factor than plain YaRN (vLLM <= 0.29, SGLang) from its `mscale` / "
+             "`mscale_all_dim` (1.0 instead of 1.4159 for z-lab/Kimi-K2.5-DFlash); which one "
+             "the draft was trained with is not established: `vllm-kimi-ext draft "
+             "rope-config` writes the other arm of the A/B that settles it."),
     # ---- hidden states
     CodeInfo("E-AUX-COUNT", ERROR,
              "The number of aux layer ids differs from `num_aux_hidden_states` (shape error "

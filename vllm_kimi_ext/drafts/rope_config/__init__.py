@@ -1,5 +1,5 @@
-"""A YaRN draft's RoPE attention factor: what vLLM 0.34.0 uses, what the draft was trained
-with, and a local config copy that makes vLLM use the trained one.
+"""A YaRN draft's RoPE attention factor: what vLLM 0.34.0 uses, the other value in use, and a
+local config copy that makes vLLM use a chosen one.
 
 vLLM 0.34.0's plain-YaRN rotary embedding
 (``vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py``) takes its attention
@@ -7,20 +7,31 @@ factor (the ``mscale`` it multiplies cos/sin by) from, in order: ``attention_fac
 ratio ``yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)`` when both
 ``mscale`` and ``mscale_all_dim`` are set (vLLM PR 56446); else ``0.1 ln(factor) + 1``.
 A draft whose config carries ``mscale = mscale_all_dim`` therefore runs at factor 1.0 on
-0.34.0, while the plain YaRN of older vLLM and of SGLang runs it at ``0.1 ln(factor) + 1``:
-1.416 for ``z-lab/Kimi-K2.5-DFlash`` (yarn factor 64, ``mscale = mscale_all_dim = 1.0``).
-SGLang's ``YaRNScalingRotaryEmbedding`` (``python/sglang/srt/layers/rotary_embedding.py``)
-computes ``yarn_get_mscale(scaling_factor) * attn_factor`` and ignores both keys (SGLang PR
-22711, which proposed honouring them, was closed). vllm-ascend restores 1.416 for that
-checkpoint, reporting lower draft acceptance with the newer value: the evidence that the draft
-was trained at the plain-YaRN factor. :data:`TRAINED_DEFAULT` is therefore that value.
+0.34.0 (Hugging Face transformers' YaRN gives the same), while the plain YaRN of vLLM <= 0.29
+and of SGLang (``python/sglang/srt/layers/rotary_embedding.py``, which ignores both keys)
+runs it at ``0.1 ln(factor) + 1``: 1.4159 for ``z-lab/Kimi-K2.5-DFlash`` (yarn factor 64,
+``mscale = mscale_all_dim = 1.0``). Which of the two such a draft was trained with is not
+published; an A/B of both copies on a box settles it. :func:`plain_yarn_factor` is the
+command's default (the other value of that A/B), not a claim about training.
 
-0.34.0 honours an explicit ``rope_scaling.attention_factor``, and dict ``--hf-overrides`` do
+0.34.0 honours an explicit ``attention_factor`` on that path, and dict ``--hf-overrides`` do
 not reach the draft (``SpeculativeConfig.compose_draft_hf_overrides``), so the supported
 route is a local copy of the draft directory whose ``config.json`` carries the factor
 (:func:`write_copy`; ``vllm-kimi-ext draft rope-config``). A canary test builds the rotary
 embedding through vLLM 0.34.0's own config path and checks :func:`effective_attention_factor`
 against it.
+
+Two kinds of config are refused, because the copy would not do what it says:
+
+* **DeepSeek / MLA heads** (``Eagle3DeepseekV2ForCausalLM``, ``model_type`` ``kimi_k2`` /
+  ``deepseek_v3``, ...): vLLM 0.34.0's MLA attention rewrites a non-default rope to
+  ``deepseek_yarn`` (:data:`DEEPSEEK_ROPE` cites the lines), whose rotary embedding never
+  reads ``attention_factor``; an ``attention_factor`` of exactly 1.0 switches it to
+  ``deepseek_llama_scaling`` instead, which drops the ``mscale_all_dim`` softmax correction.
+* **Both ``rope_scaling`` and ``rope_parameters``, differing**: transformers 5 keeps
+  ``rope_scaling`` and drops ``rope_parameters`` (``convert_rope_params_to_dict``:
+  ``rope_scaling or rope_parameters``), so which dict vLLM reads depends on the library; when
+  both carry the same YaRN values, the copy writes the factor into both.
 
 Standard library only.
 """
@@ -38,10 +49,25 @@ from typing import Any
 from vllm_kimi_ext.user_input import UsageError, UserInputError
 
 #: How the default factor is chosen (printed by the command and the docs).
-TRAINED_DEFAULT = ("plain YaRN, 0.1 * ln(factor) + 1: what older vLLM and SGLang (which "
-                   "ignore mscale / mscale_all_dim) compute, and the value vllm-ascend restores "
-                   "for z-lab/Kimi-K2.5-DFlash")
+DEFAULT_FACTOR = ("plain YaRN, 0.1 * ln(factor) + 1: what vLLM <= 0.29 and SGLang (which "
+                  "ignore mscale / mscale_all_dim) compute; which factor a draft was trained "
+                  "with is not established by its config: an A/B of both settles it")
 ROPE_KEYS = ("rope_scaling", "rope_parameters")
+#: Where vLLM 0.34.0 ignores or reinterprets ``attention_factor`` for DeepSeek / MLA heads.
+DEEPSEEK_ROPE = (
+    "vLLM 0.34.0's DeepSeek MLA attention rewrites a yarn rope to deepseek_yarn "
+    "(vllm/model_executor/models/deepseek_v2.py:1115-1120), whose rotary embedding takes no "
+    "attention_factor (vllm/model_executor/layers/rotary_embedding/__init__.py:284-299), and "
+    "an attention_factor of 1.0 switches it to deepseek_llama_scaling, which drops the "
+    "mscale_all_dim softmax correction (deepseek_v2.py:1129-1136)")
+#: ``model_type`` values vLLM 0.34.0 builds with DeepSeek (MLA) attention.
+MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp",
+                             "kimi_k2", "kimi_k25", "glm_moe_dsa"})
+#: The keys that decide a YaRN rotary embedding (compared when both dicts are present).
+YARN_KEYS = ("rope_type", "type", "factor", "original_max_position_embeddings", "mscale",
+             "mscale_all_dim", "attention_factor", "beta_fast", "beta_slow")
+#: Factors below this print as 0.0000.
+MIN_FACTOR = 5e-5
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -50,7 +76,8 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def rope_parameters(cfg: dict) -> dict:
-    """The config's RoPE scaling dict (``rope_scaling`` or ``rope_parameters``), or {}."""
+    """The config's RoPE scaling dict as transformers 5 keeps it (``rope_scaling`` when
+    non-empty, else ``rope_parameters``), or {}."""
     for key in ROPE_KEYS:
         value = cfg.get(key)
         if isinstance(value, dict) and value:
@@ -75,9 +102,42 @@ def effective_attention_factor(rope: dict) -> tuple[float, str]:
     return yarn_get_mscale(factor), "plain YaRN, 0.1 * ln(factor) + 1"
 
 
-def trained_attention_factor(rope: dict) -> float:
-    """The factor the draft's training stack used (see :data:`TRAINED_DEFAULT`)."""
+def plain_yarn_factor(rope: dict) -> float:
+    """Plain YaRN's factor ``0.1 ln(factor) + 1`` (vLLM <= 0.29, SGLang); see
+    :data:`DEFAULT_FACTOR`."""
     return yarn_get_mscale(float(rope["factor"]))
+
+
+def mla_reason(cfg: dict) -> str | None:
+    """Why vLLM 0.34.0 builds this draft's attention as DeepSeek MLA (None when it does
+    not): its architecture, ``model_type`` or an MLA field."""
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    hit = [a for a in archs if "deepseek" in a.lower() or "kimik2" in a.lower()]
+    if hit:
+        return f"architectures {hit[0]}"
+    if cfg.get("model_type") in MLA_MODEL_TYPES:
+        return f"model_type {cfg['model_type']}"
+    if "kv_lora_rank" in cfg:
+        return "an MLA field (kv_lora_rank)"
+    return None
+
+
+def check_both_dicts(cfg: dict, file: Path) -> None:
+    """Refuse a config whose ``rope_scaling`` and ``rope_parameters`` disagree on a YaRN
+    key (which one vLLM reads depends on the transformers version)."""
+    a, b = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+    if not (isinstance(a, dict) and a and isinstance(b, dict) and b):
+        return
+    differ = [k for k in YARN_KEYS if k in a and k in b and a[k] != b[k]]
+    differ += [k for k in YARN_KEYS if (k in a) != (k in b) and k != "type"
+               and k != "rope_type"]
+    if differ:
+        raise UserInputError(
+            f"{file}: fields rope_scaling and rope_parameters both present and different in "
+            f"{differ[0]} ({a.get(differ[0])!r} vs {b.get(differ[0])!r}): transformers 5 "
+            "reads rope_scaling and drops rope_parameters, older code may read the other; "
+            "keep one (expected a single RoPE dict, or two equal ones)",
+            file=file, field="rope_scaling", expected="one RoPE dict")
 
 
 def read_config(draft: Path) -> dict:
@@ -104,6 +164,14 @@ def read_config(draft: Path) -> dict:
 
 def yarn_rope(cfg: dict, file: Path) -> dict:
     """The config's yarn rope dict; UserInputError naming the field otherwise."""
+    why = mla_reason(cfg)
+    if why:
+        raise UserInputError(
+            f"{file}: a DeepSeek / MLA draft ({why}): {DEEPSEEK_ROPE}; a copy would not set "
+            "its RoPE amplitude, so nothing is written (expected a draft on vLLM's plain "
+            "YaRN path, e.g. DFlash or a Llama-style EAGLE-3 head)", file=file,
+            field="architectures", expected="a draft vLLM builds with plain YaRN")
+    check_both_dicts(cfg, file)
     rope = rope_parameters(cfg)
     if not rope:
         raise UserInputError(f"{file}: field rope_scaling: missing (expected a yarn "
@@ -155,9 +223,13 @@ def write_copy(draft: Path, out: Path, attention_factor: float | None = None
     cfg = read_config(draft)
     file = draft / "config.json"
     rope = yarn_rope(cfg, file)
+    if attention_factor is not None and attention_factor < MIN_FACTOR:
+        raise UsageError(f"--attention-factor {attention_factor!r}: prints as 0.0000 and would "
+                         "silence the rotary embedding (expected a factor >= 0.0001)",
+                         field="--attention-factor", expected="a factor >= 0.0001")
     check_out(draft, out)
     before, why = effective_attention_factor(rope)
-    chosen = trained_attention_factor(rope) if attention_factor is None else attention_factor
+    chosen = plain_yarn_factor(rope) if attention_factor is None else attention_factor
     new = json.loads(json.dumps(cfg))
     for key in ROPE_KEYS:
         if isinstance(new.get(key), dict) and is_yarn(new[key]):
