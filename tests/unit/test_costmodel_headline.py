@@ -27,6 +27,7 @@ from vllm_kimi_ext.costmodel.evidence import (
     STOCK,
     UPSTREAM_MAIN,
     evidence,
+    search_record,
 )
 from vllm_kimi_ext.costmodel.headline import answer, choose, headline
 from vllm_kimi_ext.costmodel.interval import calibrated
@@ -181,3 +182,22 @@ def test_the_search_record_covers_every_draft_and_feeds_the_evidence(monkeypatch
     monkeypatch.setattr(ev_module, "search_record", lambda: filled)
     ev = evidence(Plan(k=3, draft=mla, batch=1, context=1024, backend="nccl"))
     assert ev.level == EXACT and ev.runs == (run,) and ev.stacks == (STOCK,)
+
+
+def test_the_recorded_search_runs_rank_where_their_configuration_says():
+    """The recorded exact-checkpoint runs of the MLA head on Kimi-K2.5 ran at DCP 4 and 8,
+    which the cost model does not price: they never raise a plan's evidence. The same head on
+    Kimi-K2.6 at DCP 1 with a custom PCIe all-reduce (fork images) is sibling evidence for the
+    one-shot backend only, and is not ranked as measured (fork). Planted (the DCP check
+    dropped from ``_same_configuration``): the one-shot plan reads 'this checkpoint measured'
+    and this fails."""
+    mla = load_draft("lightseek-eagle3-mla")
+    found = search_record()["drafts"][mla.name]
+    assert {r["dcp"] for r in found["exact_checkpoint_runs"]} == {4, 8}
+    assert all(r["target"] == "Kimi-K2.5" and len(r["source"]["commit"]) == 40
+               for r in found["exact_checkpoint_runs"])
+    oneshot = evidence(Plan(k=3, draft=mla, batch=1, context=1024, backend="custom_oneshot"))
+    assert oneshot.level == SIBLING and not oneshot.ranks_as_measured
+    assert any(r["target"] == "Kimi-K2.6" and r["checkpoint"] == mla.checkpoint
+               for r in oneshot.runs)
+    assert evidence(Plan(k=3, draft=mla, batch=1, context=1024, backend="nccl")).level == SIBLING

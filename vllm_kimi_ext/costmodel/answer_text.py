@@ -81,6 +81,11 @@ def public_status(plan: Plan) -> str:
     runs = public_runs(plan.draft) if plan.speculative else []
     if not ev.runs and runs:
         out += f". Nearest public run (another configuration): {run_text(runs[0])}"
+    own = [r for r in runs if r.get("checkpoint") == plan.draft.checkpoint and r not in ev.runs]
+    if own:
+        out += (". Public runs of this very checkpoint in other configurations (not priced "
+                "by the cost model: another decode context parallel size, all-reduce or "
+                "target): " + "; ".join(run_text(r) for r in own))
     return out + "."
 
 

@@ -115,7 +115,10 @@ def run_text(r: dict) -> str:
 
 
 def _same_configuration(run: dict, plan: Plan) -> bool:
-    return (run.get("k") == plan.k and run.get("placement", "tp8") == plan.placement
+    """Whether ``run`` ran ``plan``'s configuration. The cost model prices decode context
+    parallel size 1 only, so a run at DCP > 1 is never the plan's configuration."""
+    return (run.get("k") == plan.k and run.get("dcp", 1) == 1
+            and run.get("placement", "tp8") == plan.placement
             and run.get("vocab", "full") == plan.vocab
             and run.get("verifier", "gather") == plan.verifier
             and run.get("backend", "nccl") == plan.backend)
@@ -159,10 +162,13 @@ def evidence(plan: Plan) -> Evidence:
 
 
 def public_runs(draft) -> list:
-    """The draft profile's ``public_runs`` and the exact-checkpoint runs of the search record
-    (``profiles/public-runs.json``)."""
+    """The draft profile's ``public_runs`` and the runs of the search record
+    (``profiles/public-runs.json``): this checkpoint on its own target
+    (``exact_checkpoint_runs``) and on another Kimi version (``other_target_runs``, a sibling
+    level by :func:`is_exact`)."""
     found = search_record().get("drafts", {}).get(draft.name, {})
-    return [*draft.raw.get("public_runs", []), *found.get("exact_checkpoint_runs", [])]
+    return [*draft.raw.get("public_runs", []), *found.get("exact_checkpoint_runs", []),
+            *found.get("other_target_runs", [])]
 
 
 @lru_cache(maxsize=1)
