@@ -848,6 +848,29 @@ ENV_CASES: list[Case] = [
           f"did you mean {envs.ENABLE.name}?"]),
     _env("clean-all-valid", (_ON, envs.SHARDED_VERIFY.name + "=on",
                              envs.COUNT_COLLECTIVES.name + "=50"), 0, []),
+    # numbers: ASCII digits, bounded (Python's int() reads the first three)
+    *[_env(f"{flag.name.lower()}-{what}", (_ON, envs.SHARDED_VERIFY.name + "=1",
+                                           f"{flag.name}={raw}"), 2,
+           [f"{flag.name}={raw!r}: expected", "ASCII digits", *more])
+      for flag in (envs.COUNT_COLLECTIVES, envs.SHARDED_VERIFY_HANDOFF)
+      for what, raw, more in (("underscore", "1_000", ()), ("arabic-indic-digit", "\u0663", ()),
+                              ("plus", "+4", ()),
+                              ("26-digits", "9" * 26, (f"N must be <= {envs.MAX_COUNT}",)))],
+    _env("handoff-empty-is-off", (_ON, envs.SHARDED_VERIFY.name + "=1",
+                                  envs.SHARDED_VERIFY_HANDOFF.name + "="), 0, []),
+    # a setting that does nothing without its parent: one warning line naming both
+    _env("handoff-without-sharded-verify", (_ON, envs.SHARDED_VERIFY_HANDOFF.name + "=4"), 0,
+         [f"{envs.SHARDED_VERIFY_HANDOFF.name}='4' has no effect without "
+          f"{envs.SHARDED_VERIFY.name}=1 and is ignored"]),
+    _env("graphs-with-sharded-verify-off", (_ON, envs.SHARDED_VERIFY.name + "=0",
+                                            envs.SHARDED_VERIFY_GRAPHS.name + "=off"), 0,
+         [f"{envs.SHARDED_VERIFY_GRAPHS.name}='off' has no effect without "
+          f"{envs.SHARDED_VERIFY.name}=1"]),
+    _env("sharded-verify-without-enable", (envs.SHARDED_VERIFY.name + "=1",), 0,
+         [f"{envs.SHARDED_VERIFY.name}='1' has no effect without {envs.ENABLE.name}=1"]),
+    _env("invalid-handoff-while-off", (envs.SHARDED_VERIFY_HANDOFF.name + "=1_000",), 0,
+         [f"{envs.SHARDED_VERIFY_HANDOFF.name}='1_000' has no effect without "
+          f"{envs.ENABLE.name}=1"]),
 ]
 
 CASES_BY_TOOL = {"regenerate": REGENERATE_CASES, "capture": CAPTURE_CASES,
