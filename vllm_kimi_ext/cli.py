@@ -20,7 +20,14 @@ import os
 import sys
 import traceback
 
-from vllm_kimi_ext.user_input import EXIT_CODES_HELP, EXIT_USAGE, UserInputError, one_line
+from vllm_kimi_ext.user_input import (
+    EXIT_CODES_HELP,
+    EXIT_USAGE,
+    UserInputError,
+    is_no_space,
+    no_space_message,
+    one_line,
+)
 
 _SUBCOMMAND_MODULES = (
     "vllm_kimi_ext.costmodel.cli",  # plan
@@ -121,10 +128,13 @@ def run_handler(args: argparse.Namespace) -> int:
     except OSError as exc:
         if debug:
             traceback.print_exc()
-        _error(prog, _os_error_message(exc))
+        _error(prog, no_space_message(exc) if is_no_space(exc) else _os_error_message(exc))
     except Exception as exc:  # noqa: BLE001 - the contract: never a bare traceback
         if debug:
             traceback.print_exc()
+        if is_no_space(exc):  # e.g. safetensors' own error type
+            _error(prog, no_space_message(exc))
+            return EXIT_USAGE
         detail = one_line(str(exc)) or "(no message)"
         print(f"{prog}: internal error: {type(exc).__name__}: {detail} "
               f"(not your input's fault as far as the tool knows; rerun with --debug for "

@@ -42,6 +42,8 @@ __all__ = [
     "check_free_space",
     "disk_full_refusal",
     "human_bytes",
+    "is_no_space",
+    "no_space_message",
     "one_line",
     "tree_bytes",
 ]
@@ -135,6 +137,24 @@ def _remove(path: Path) -> None:
 
 #: The errors that mean "no room": a full device, an exhausted quota.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: How libraries that do not raise ``OSError`` word them (safetensors' Rust I/O errors end
+#: in "(os error 28)"; the strerror texts for any library that only keeps the message).
+_NO_SPACE_WORDS = tuple(f"(os error {code})" for code in _NO_SPACE) + tuple(
+    os.strerror(code) for code in _NO_SPACE)
+
+
+def is_no_space(exc: BaseException | None) -> bool:
+    """Does ``exc`` (or an exception it was raised from) say the disk or quota is full?
+    A :class:`UserInputError` never does: it is already the one-line refusal."""
+    seen = 0
+    while exc is not None and seen < 8 and not isinstance(exc, UserInputError):
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        if not isinstance(exc, OSError) and any(w in str(exc) for w in _NO_SPACE_WORDS):
+            return True
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        seen += 1
+    return False
 
 
 @contextlib.contextmanager
@@ -148,8 +168,8 @@ def disk_full_refusal(path: str | Path, needed: int | None, *,
     state = argparse.Namespace(needed=needed)
     try:
         yield state
-    except OSError as exc:
-        if exc.errno not in _NO_SPACE:
+    except Exception as exc:
+        if not is_no_space(exc):
             raise
         for p in cleanup:
             _remove(Path(p))
@@ -161,6 +181,16 @@ def disk_full_refusal(path: str | Path, needed: int | None, *,
             f"{path}: no space left on the device while {what} ({need}{have}); free space or "
             "choose another folder and run the command again (its partial files were "
             "removed)", file=str(path), expected=need) from None
+
+
+def no_space_message(exc: BaseException) -> str:
+    """One line for a full disk that no writer turned into its own refusal: the file when
+    the error names one, the space free there."""
+    where = getattr(exc, "filename", None)
+    free = _free_bytes(Path(where)) if where else None
+    space = f" ({human_bytes(free)} free)" if free is not None else ""
+    return (f"{where or 'an output'}: no space left on the device{space}: {one_line(exc)}; "
+            "free space or choose another folder and run the command again")
 
 
 def check_free_space(path: str | Path, needed: int, what: str = "writing") -> None:

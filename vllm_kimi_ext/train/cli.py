@@ -214,7 +214,7 @@ def run_capture(args) -> int:
                       batch_size=args.batch_size, check_free_space=not args.no_space_check,
                       shard=args.shard)
     if args.speculators_dataset:
-        from .trainer import write_speculators_dataset
+        from .export import write_speculators_dataset
 
         write_speculators_dataset(args.data)
     print(strict_json({k: section[k] for k in ("layer_ids", "dtype", "disk_bytes",

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from vllm_kimi_ext.outputs import apply_umask_tree
 from vllm_kimi_ext.user_input import disk_full_refusal, tree_bytes
 
 __all__ = ["TMP_TAG", "TOOLS", "clean_stale", "temp_name", "terminate_as_interrupt",
@@ -129,13 +130,14 @@ def write_directory_atomically(out_dir: Path, write: Callable[[Path], None], *,
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(out_dir, tmp_tag)
     shutil.rmtree(tmp, ignore_errors=True)  # our own pid: a leftover of an earlier call
-    tmp.mkdir(mode=0o755)
+    tmp.mkdir()  # 0777 & ~umask, as the renamed output keeps it
     locks = [_lock(tmp)]
     old: Path | None = None
     try:
         with disk_full_refusal(out_dir, None, what=f"writing {out_dir.name}") as need:
             try:
                 write(tmp)
+                apply_umask_tree(tmp)  # copies and library writes: the user's umask
                 if out_dir.exists():
                     if not force:
                         raise exists_error(out_dir)
