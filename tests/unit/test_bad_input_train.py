@@ -196,6 +196,23 @@ def _put(rel: str, content: str | bytes):
     return edit
 
 
+def _no_training(*edits):
+    """A ``build`` whose case must be refused before the ranks are set up: reaching them
+    is an internal error (so a refusal that went missing fails in seconds, not after a
+    training run)."""
+
+    def build(ws: Workspace) -> dict[str, Path]:
+        from vllm_kimi_ext.train import runstate
+
+        def reached(*_a, **_kw):
+            raise RuntimeError("training started: the case was not refused")
+
+        ws.monkeypatch.setattr(runstate, "setup_ranks", reached)
+        return _build(*edits)(ws)
+
+    return build
+
+
 # --------------------------------------------------------------------------- #
 # The table                                                                    #
 # --------------------------------------------------------------------------- #
@@ -552,6 +569,13 @@ TRAIN_CASES: list[Case] = [
         TRAIN, "--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/ck"),
         ["holds checkpoints of an earlier run; pass --resume"],
         _put("ck/step-000000002/state.pt", b"x")),
+    # the default folder (OUT.checkpoints) too: two runs must not prune or resume each
+    # other's checkpoints there
+    *[Case(f"train/earlier-checkpoints-in-the-default-folder-{how}", _with(TRAIN, *flags), 2,
+           ("{new}.checkpoints: holds checkpoints of an earlier run; pass --resume",),
+           _no_training(_put("new-out.checkpoints/step-000000002/state.pt", b"x")))
+      for how, flags in (("checkpoint-every", ("--checkpoint-every", "2")),
+                         ("validation", ("--checkpoint-every", "1", "--val-fraction", "0.25")))],
     # a damaged manifest: one line naming the field, never an internal error
     _case("train/manifest-list", TRAIN, ["manifest.json: holds a JSON list, expected an object"],
           _put("data/manifest.json", "[1]")),
