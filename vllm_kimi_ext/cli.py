@@ -142,8 +142,27 @@ def run_handler(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
+def empty_argument(argv: list[str]) -> str | None:
+    """The first argument given as an empty string (``--out ""``, ``--out=``, ``""``), named:
+    no option of any command means anything by it, and read as a path it would be the
+    current folder (``--out ""`` once reported ". exists")."""
+    for i, token in enumerate(argv):
+        if token.startswith("--") and token.endswith("=") and len(token) > 3:
+            return f"argument {token[:-1]}"
+        if token == "":
+            before = argv[i - 1] if i else ""
+            return f"argument {before}" if before.startswith("-") and before != "--" else \
+                f"argument {i + 1} of the command line"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    empty = empty_argument(sys.argv[1:] if argv is None else list(argv))
+    if empty is not None:
+        _error(parser.prog, f"{empty}: empty path or value; expected a path, a name or a "
+                            "number")
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error argparse already printed (2)

@@ -42,8 +42,10 @@ __all__ = [
     "check_free_space",
     "disk_full_refusal",
     "human_bytes",
+    "integer",
     "is_no_space",
     "no_space_message",
+    "number",
     "one_line",
     "tree_bytes",
 ]
@@ -221,6 +223,26 @@ def tree_bytes(path: str | Path) -> int:
 # --------------------------------------------------------------------------- #
 
 
+def _ascii_number(text: str) -> str:
+    """``text`` if it may be read as a number: ASCII only, no ``_`` (Python's ``int()`` and
+    ``float()`` also read ``1_000``, ``٣`` and full-width digits); ValueError otherwise."""
+    if not isinstance(text, str) or not text.isascii() or "_" in text:
+        raise ValueError(f"not a number in ASCII digits: {text!r}")
+    return text
+
+
+def integer(text: str) -> int:
+    """An argparse ``type=``: a base-10 integer in ASCII digits (argparse names it
+    "invalid integer value")."""
+    return int(_ascii_number(text), 10)
+
+
+def number(text: str) -> float:
+    """An argparse ``type=``: a number in ASCII (NaN and infinities are left to the
+    command's own range checks)."""
+    return float(_ascii_number(text))
+
+
 def _bound_text(lo, hi, lo_open: bool = False) -> str:
     if lo is not None and hi is not None:
         return f"in {'(' if lo_open else '['}{lo}, {hi}]"
@@ -234,7 +256,7 @@ def bounded_int(lo: int | None = None, hi: int | None = None, *, what: str = "an
 
     def parse(text: str) -> int:
         try:
-            value = int(text, 10)
+            value = integer(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -253,7 +275,7 @@ def bounded_float(lo: float | None = None, hi: float | None = None, *,
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = number(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not math.isfinite(value):

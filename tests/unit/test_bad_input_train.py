@@ -342,6 +342,10 @@ CAPTURE_CASES: list[Case] = [
         ("--tensor-parallel-size", "0", ">= 1"), ("--tensor-parallel-size", "-8", ">= 1"),
         ("--max-model-len", "0", ">= 1"), ("--max-model-len", "-1", ">= 1"),
         ("--batch-size", "0", ">= 1"), ("--batch-size", "-64", ">= 1"),
+        # ASCII digits only (Python's int() reads these)
+        ("--batch-size", "1_000", "invalid integer value: '1_000'"),
+        ("--max-model-len", "\u0663", "invalid integer value: '\u0663'"),
+        ("--shard", "\uff10/2", "expected I/N with 0 <= I < N, got '\uff10/2'"),
     ]),
     _case("capture/no-backend", ("draft", "capture", "--data", "{data}"),
           ["exactly one of --vllm-target, --hf-model"]),
@@ -446,6 +450,11 @@ TRAIN_CASES: list[Case] = [
         ("--draft-vocab-size", "0", ">= 1"),
         ("--draft-vocab-size", "100000", f"vocab_size {VOCAB}"),
         ("--checkpoint-every", "0", ">= 1"), ("--val-fraction", "0.6", "in [0.0, 0.5]"),
+        # ASCII digits only, and a step count below a billion
+        ("--max-steps", "1_000", "got '1_000'"), ("--epochs", "1_0", "got '1_0'"),
+        ("--checkpoint-every", "\uff15", "got '\uff15'"),
+        ("--max-steps", "9" * 26, "in [0, 1000000000]"),
+        ("--checkpoint-every", "9" * 26, "in [1, 1000000000]"),
         ("--val-every", "0", ">= 1"), ("--patience", "0", ">= 1"),
         ("--loader-workers", "65", "in [0, 64]"),
     ]),

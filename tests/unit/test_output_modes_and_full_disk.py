@@ -279,3 +279,30 @@ def test_a_full_disk_outside_any_writer_is_one_line_not_an_internal_error(exc, w
     assert err.startswith(f"vllm-kimi-ext draft train: error: {where}: no space left on the "
                           "device"), err
     assert "internal error" not in err
+
+
+# --------------------------------------------------------------------------- not writable
+
+
+@pytest.mark.parametrize("code", [13, 30])  # EACCES (a folder of another user), EROFS
+def test_an_out_whose_folder_is_not_writable_names_out_not_the_temporary_folder(
+        shrink_inputs, tmp_path, monkeypatch, capsys, code):
+    """As root no folder refuses a write, so the refusal is the one ``mkdir`` raises in a
+    read-only folder: the line names ``--out`` and its folder, never the hidden
+    ``.small.shrink-vocab-tmp-PID`` the command would have made."""
+    real = Path.mkdir
+
+    def mkdir(self, *a, **kw):
+        if self.parent == tmp_path:
+            raise OSError(code, os.strerror(code), str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    out = tmp_path / "small"
+    exit_code, err = _shrink(shrink_inputs, out, capsys)
+    lines = [ln.split("\r")[-1].strip() for ln in err.splitlines() if ": error: " in ln]
+    assert exit_code == 2 and len(lines) == 1, err
+    assert lines[0] == (f"vllm-kimi-ext draft shrink-vocab: error: {out}: cannot be written: "
+                        f"its folder {tmp_path} is not writable ({os.strerror(code)}); choose "
+                        "another folder"), err
+    assert "shrink-vocab-tmp" not in err and list(tmp_path.iterdir()) == []
