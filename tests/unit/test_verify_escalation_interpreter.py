@@ -14,6 +14,11 @@ re-reads (more in later chunks), with the draft elsewhere or among them, each re
 seed making a past-the-cut token win if it were kept (a boundary-chunk tie rank that
 ignores earlier chunks' ties fails); cuts 5, 7 and 10 nats below the row maximum (a
 histogram band from ``top_p`` instead of ``1 - top_p`` fails from 7 on).
+
+Tiers: one case takes minutes on a loaded 2-core machine (the interpreter runs every
+kernel program in Python), so the CPU tier runs the pins that caught planted bugs
+(``ESC_QUICK``, ``HIST_QUICK``) and the slow tier the rest; a subprocess over its cap is
+reported as a timeout, never as a failed assertion.
 """
 
 from __future__ import annotations
