@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from vllm_kimi_ext.facts import HARDWARE_PROFILE, target_dims
-from vllm_kimi_ext.user_input import bounded_float, bounded_int
+from vllm_kimi_ext.user_input import bounded_float, bounded_int, integer, number
 
 _VOCAB = target_dims().vocab_size  # the eval chunk's help prices Kimi-K2.5's vocabulary
 
@@ -37,7 +37,7 @@ __all__ = [
 
 #: the parsing type of each annotation a setting may have (``X | None``: the value may be
 #: absent, which only the default can be)
-_TYPES = {"int": int, "float": float, "str": str}
+_TYPES = {"int": integer, "float": number, "str": str}  # ASCII digits only (not int())
 
 
 def setting(default: Any, help: str, *, flag: str | None = None, **argparse_kw: Any):
