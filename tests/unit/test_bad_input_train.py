@@ -451,7 +451,8 @@ TRAIN_CASES: list[Case] = [
         ("--draft-vocab-size", "100000", f"vocab_size {VOCAB}"),
         ("--checkpoint-every", "0", ">= 1"), ("--val-fraction", "0.6", "in [0.0, 0.5]"),
         # ASCII digits only, and a step count below a billion
-        ("--max-steps", "1_000", "got '1_000'"), ("--epochs", "1_0", "got '1_0'"),
+        ("--max-steps", "1_000", "invalid integer value: '1_000'"),
+        ("--epochs", "1_0", "invalid number value: '1_0'"),
         ("--checkpoint-every", "\uff15", "got '\uff15'"),
         ("--max-steps", "9" * 26, "in [0, 1000000000]"),
         ("--checkpoint-every", "9" * 26, "in [1, 1000000000]"),
