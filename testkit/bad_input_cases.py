@@ -732,6 +732,21 @@ CLI_CASES: list[Case] = [
     Case("cli/interrupted", DOCTOR, 130, ("interrupted",), _raising(KeyboardInterrupt())),
     Case("cli/list-codes-json", ("doctor", "--list-codes", "--json"), 0,
          ('"code": "E-T2D-MISMATCH"', '"severity": "warning"')),
+    # an empty value is never a path (read as one it is the current folder: `--out ""` said
+    # ". exists", `--corpus ""` ". does not exist", `--verify-report ""` ". no such report")
+    *[Case(f"cli/empty-{name}", argv, 2, (f"argument {flag}: empty path or value",))
+      for name, flag, argv in (
+          ("out", "--out", ("draft", "shrink-vocab", "--head", "h", "--tokenizer", "t",
+                            "--corpus", "c", "--out", "")),
+          ("corpus", "--corpus", ("draft", "shrink-vocab", "--head", "h", "--tokenizer", "t",
+                                  "--corpus", "", "--out", "o")),
+          ("out-equals", "--out", ("draft", "shrink-vocab", "--head", "h", "--tokenizer", "t",
+                                   "--corpus", "c", "--out=")),
+          ("verify-report", "--verify-report", ("plan", "--verify-cost", "--verify-report",
+                                                "")),
+          ("train-data", "--data", ("draft", "train", "--data", "", "--target", "t",
+                                    "--out", "o")),
+          ("positional", "2 of the command line", ("tokenizer-check", "", "x")))],
 ]
 
 # Hooks for tools whose argument validation lives elsewhere: append Case(...) entries

@@ -3,6 +3,8 @@ eager and the graph sharded verifiers."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from vllm_kimi_ext.verify import VerifyBatch
@@ -115,12 +117,27 @@ def ties_past_the_cut(chunk: int, past: int = 4, draft_past: bool = False):
     assert need > 0 and int((tied[need:need + past] // chunk == 4).sum()) == past
     x = int(tied[need + 1]) if draft_past else int(tied[need // 2])
     return tied_batch(chunk, past, x, lambda a, w: (a >= need) & (w[a] != x), past)
-def deep_cut(depth: float, count: int = 150):
+def exact_min_p(cut: float) -> float:
+    """A float32 ``min_p`` whose float32 log is exactly ``cut`` (a bf16 value): on a row whose
+    maximum is 0 the min-p cut ``max + log(min_p)`` then lies exactly on the tokens at
+    ``cut``, which min-p keeps (``s >= cut``)."""
+    p = torch.tensor(math.exp(cut), dtype=torch.float32)
+    for _ in range(64):
+        got = float(torch.log(p))
+        if got == cut:
+            return float(p)
+        p = torch.nextafter(p, torch.tensor(math.inf if got < cut else 0.0))
+    raise AssertionError(f"no float32 min_p has log {cut}")
+
+
+def deep_cut(depth: float, count: int = 150, min_p_on_cut: bool = False):
     """Rows whose top-p cut lies ``depth`` nats below the maximum: one token at 0, ``count``
     tied at ``-depth`` (the cut keeps about half of them), the rest at -40; top_p is chosen
     for that (0.6-0.9999). A histogram band too narrow for the cut (one built from
-    ``top_p`` instead of ``1 - top_p``) collapses the kept set. Returns
-    ``(batch, bf16 logits)``."""
+    ``top_p`` instead of ``1 - top_p``) collapses the kept set. ``min_p_on_cut``: a min-p
+    whose cut lies exactly on the tied tokens (:func:`exact_min_p`); a min-p pre-cut that
+    drops tokens on the cut (``>`` for ``>=``) leaves the maximum alone in the nucleus.
+    Returns ``(batch, bf16 logits)``."""
     g = torch.Generator().manual_seed(int(depth * 10))
     ids = torch.randperm(PIN_V, generator=g)
     top, tied = int(ids[0]), ids[1:count + 1]
@@ -133,5 +150,7 @@ def deep_cut(depth: float, count: int = 150):
     n = 3
     drafts = torch.stack([tied[:3], tied[-3:], torch.tensor([top] * 3)])
     seeds = torch.randint(1, 2**40, (n,), generator=g)
-    b = VerifyBatch.from_draft_tokens(drafts, [1.0] * n, seeds, top_p=[top_p] * n)
+    b = VerifyBatch.from_draft_tokens(
+        drafts, [1.0] * n, seeds, top_p=[top_p] * n,
+        min_p=[exact_min_p(-float(depth))] * n if min_p_on_cut else None)
     return b, z.expand(b.num_rows, PIN_V).contiguous().to(torch.bfloat16)

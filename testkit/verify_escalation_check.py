@@ -88,7 +88,8 @@ def _tie_case(chunk: int, short: int) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``argv``: the case kinds to run (default: all), e.g. ``ties_past_cut deep_cut``."""
+    """``argv``: the case kinds to run (default: all), e.g. ``ties_past_cut deep_cut``, or
+    single cases: ``deep_cut_7`` (a depth), ``ties_top_p_min_p`` (a kind and its mix)."""
     only = set(sys.argv[1:] if argv is None else argv)
     ek.CHUNK, ek.WALK = 16, 32
     out = []
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     gk.decide_merged = spy
     for kind, mix, seed in CASES + (("tie_at_chunk_end", "top_p", 0),
                                     ("tie_inside_chunk", "top_p", 1)) + PIN_CASES:
-        if only and kind not in only:
+        label = f"{kind}_{seed}" if kind == "deep_cut" else f"{kind}_{mix}"
+        if only and kind not in only and label not in only:
             continue
         seen.clear()
         if kind.startswith("tie_"):
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                                          step_cls=Step, escalation="rows")
         rows = _check_rows(z, StepInputs.from_layout(b.layout(), V), seen)
         dirty = dirty_scratch(steps, "cpu")
-        out.append({"kind": kind, "mix": mix, "escalated": int(o.uncertified.sum())
+        out.append({"kind": kind, "case": label, "mix": mix, "escalated": int(o.uncertified.sum())
                     - int(o.deferred.sum()), "deferred": int(o.deferred.sum()),
                     "scratch_steps": sum(1 for s in steps if s._escalation_scratch),
                     "rows_compared": rows,

@@ -4,7 +4,9 @@ Triton merge (int8 flags), shard statistics and decision around the histogram ro
 With 2 candidates per rank every cut escalates; each case must equal the full-logits
 reference on every rank (``check_graph_step`` asserts it).
 
-    TRITON_INTERPRET=1 python -m testkit.verify_hist_check
+    TRITON_INTERPRET=1 python -m testkit.verify_hist_check [CASE ...]
+
+(``CASE``: a case name below or ``kernels``; default: all.)
 
 On the Triton backend the histogram rounds' shard passes are ``_hist_kernels``; their
 torch twins are compared on their own rows too. Prints a JSON summary: per case the
@@ -14,6 +16,7 @@ escalated rows, the deferred rows and the first rows' deferral; the kernels' agr
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 
@@ -57,12 +60,26 @@ def kernel_twins() -> dict:
             "boundary_tokens": int(b_ref.sum())}
 
 
-def main() -> None:
-    cases = {"ties_past_cut": (ties_past_the_cut(16, past=4), 0),
-             "ties_past_cut_draft": (ties_past_the_cut(16, past=4, draft_past=True), 0),
-             "deep_cut_7": (deep_cut(7), 0), "edge": (edge_case(), 2)}
+#: name -> (builder of (batch, logits), whole-row slots)
+CASES = {"ties_past_cut": (lambda: ties_past_the_cut(16, past=4), 0),
+         "ties_past_cut_draft": (lambda: ties_past_the_cut(16, past=4, draft_past=True), 0),
+         "deep_cut_7": (lambda: deep_cut(7), 0), "edge": (edge_case, 2),
+         # the min-p cut exactly on 150 tied tokens: kept (a `>` pre-cut drops them)
+         "min_p_on_cut": (lambda: deep_cut(1.0, min_p_on_cut=True), 0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    only = list(sys.argv[1:] if argv is None else argv)
+    unknown = sorted(set(only) - set(CASES) - {"kernels"})
+    if unknown:
+        print(f"unknown case(s) {unknown}; expected some of {sorted(CASES)} or kernels",
+              file=sys.stderr)
+        return 2
     out = []
-    for name, ((b, z), slots) in cases.items():
+    for name, (build, slots) in CASES.items():
+        if only and name not in only:
+            continue
+        b, z = build()
         o, _, plan, stopped = check_graph_step(z, b, PIN_V, 2, candidates=1 if slots else 2,
                                                backend="triton", escalation="hist",
                                                row_fallback_slots=slots)
@@ -71,8 +88,12 @@ def main() -> None:
                     "slots": plan.escalation_slots, "whole_row_slots": slots,
                     "first_rows_deferred": [int(o.deferred[int(c)])
                                             for c in b.cu_num_rows[:-1]]})
-    print(json.dumps({"cases": out, "kernels": kernel_twins()}))
+    summary: dict = {"cases": out}
+    if not only or "kernels" in only:
+        summary["kernels"] = kernel_twins()
+    print(json.dumps(summary))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,7 +20,14 @@ import os
 import sys
 import traceback
 
-from vllm_kimi_ext.user_input import EXIT_CODES_HELP, EXIT_USAGE, UserInputError, one_line
+from vllm_kimi_ext.user_input import (
+    EXIT_CODES_HELP,
+    EXIT_USAGE,
+    UserInputError,
+    is_no_space,
+    no_space_message,
+    one_line,
+)
 
 _SUBCOMMAND_MODULES = (
     "vllm_kimi_ext.costmodel.cli",  # plan
@@ -121,10 +128,13 @@ def run_handler(args: argparse.Namespace) -> int:
     except OSError as exc:
         if debug:
             traceback.print_exc()
-        _error(prog, _os_error_message(exc))
+        _error(prog, no_space_message(exc) if is_no_space(exc) else _os_error_message(exc))
     except Exception as exc:  # noqa: BLE001 - the contract: never a bare traceback
         if debug:
             traceback.print_exc()
+        if is_no_space(exc):  # e.g. safetensors' own error type
+            _error(prog, no_space_message(exc))
+            return EXIT_USAGE
         detail = one_line(str(exc)) or "(no message)"
         print(f"{prog}: internal error: {type(exc).__name__}: {detail} "
               f"(not your input's fault as far as the tool knows; rerun with --debug for "
@@ -132,8 +142,27 @@ def run_handler(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
+def empty_argument(argv: list[str]) -> str | None:
+    """The first argument given as an empty string (``--out ""``, ``--out=``, ``""``), named:
+    no option of any command means anything by it, and read as a path it would be the
+    current folder (``--out ""`` once reported ". exists")."""
+    for i, token in enumerate(argv):
+        if token.startswith("--") and token.endswith("=") and len(token) > 3:
+            return f"argument {token[:-1]}"
+        if token == "":
+            before = argv[i - 1] if i else ""
+            return f"argument {before}" if before.startswith("-") and before != "--" else \
+                f"argument {i + 1} of the command line"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    empty = empty_argument(sys.argv[1:] if argv is None else list(argv))
+    if empty is not None:
+        _error(parser.prog, f"{empty}: empty path or value; expected a path, a name or a "
+                            "number")
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error argparse already printed (2)

@@ -37,6 +37,9 @@ __all__ = [
 
 #: the served target's model profile
 TARGET_PROFILE = "kimi-k2.5"
+#: the deployment's hardware profile (8x RTX PRO 6000, PCIe only): the default of every
+#: command that prices something (``plan``, ``draft bill``)
+HARDWARE_PROFILE = "rtx-pro-6000-pcie-x8"
 
 
 class FactsError(ValueError):

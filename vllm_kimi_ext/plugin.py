@@ -122,23 +122,24 @@ def status_line(methods: list[str]) -> str:
 
 
 def check_environment() -> bool:
-    """Warn about unknown ``VLLM_KIMI_EXT*`` names; parse every flag. Returns whether
+    """Warn about unknown ``VLLM_KIMI_EXT*`` names and settings without effect (a flag set
+    while one it needs is off); parse every flag. Returns whether
     the plugin is enabled. An invalid value prints one line naming the variable and
     what was expected and raises ``SystemExit(2)``: vLLM calls the plugin outside any handler of
     its own, so anything else would reach a ``vllm serve`` user as a traceback."""
-    warnings = envs.unknown_warnings()
+    try:
+        on = enabled()
+        if on:
+            envs.check_all()
+    except envs.EnvError as exc:
+        print(f"vllm-kimi-ext: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_ENV) from None
+    warnings = envs.startup_warnings()
     if warnings:
         _route_logs_through_vllm()
         for line in warnings:
             logger.warning("vllm-kimi-ext: %s", line)
-    try:
-        if not enabled():
-            return False
-        envs.check_all()
-    except envs.EnvError as exc:
-        print(f"vllm-kimi-ext: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_BAD_ENV) from None
-    return True
+    return on
 
 
 def register() -> None:

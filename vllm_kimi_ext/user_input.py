@@ -42,6 +42,10 @@ __all__ = [
     "check_free_space",
     "disk_full_refusal",
     "human_bytes",
+    "integer",
+    "is_no_space",
+    "no_space_message",
+    "number",
     "one_line",
     "tree_bytes",
 ]
@@ -135,6 +139,24 @@ def _remove(path: Path) -> None:
 
 #: The errors that mean "no room": a full device, an exhausted quota.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: How libraries that do not raise ``OSError`` word them (safetensors' Rust I/O errors end
+#: in "(os error 28)"; the strerror texts for any library that only keeps the message).
+_NO_SPACE_WORDS = tuple(f"(os error {code})" for code in _NO_SPACE) + tuple(
+    os.strerror(code) for code in _NO_SPACE)
+
+
+def is_no_space(exc: BaseException | None) -> bool:
+    """Does ``exc`` (or an exception it was raised from) say the disk or quota is full?
+    A :class:`UserInputError` never does: it is already the one-line refusal."""
+    seen = 0
+    while exc is not None and seen < 8 and not isinstance(exc, UserInputError):
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        if not isinstance(exc, OSError) and any(w in str(exc) for w in _NO_SPACE_WORDS):
+            return True
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        seen += 1
+    return False
 
 
 @contextlib.contextmanager
@@ -148,8 +170,8 @@ def disk_full_refusal(path: str | Path, needed: int | None, *,
     state = argparse.Namespace(needed=needed)
     try:
         yield state
-    except OSError as exc:
-        if exc.errno not in _NO_SPACE:
+    except Exception as exc:
+        if not is_no_space(exc):
             raise
         for p in cleanup:
             _remove(Path(p))
@@ -161,6 +183,16 @@ def disk_full_refusal(path: str | Path, needed: int | None, *,
             f"{path}: no space left on the device while {what} ({need}{have}); free space or "
             "choose another folder and run the command again (its partial files were "
             "removed)", file=str(path), expected=need) from None
+
+
+def no_space_message(exc: BaseException) -> str:
+    """One line for a full disk that no writer turned into its own refusal: the file when
+    the error names one, the space free there."""
+    where = getattr(exc, "filename", None)
+    free = _free_bytes(Path(where)) if where else None
+    space = f" ({human_bytes(free)} free)" if free is not None else ""
+    return (f"{where or 'an output'}: no space left on the device{space}: {one_line(exc)}; "
+            "free space or choose another folder and run the command again")
 
 
 def check_free_space(path: str | Path, needed: int, what: str = "writing") -> None:
@@ -191,6 +223,26 @@ def tree_bytes(path: str | Path) -> int:
 # --------------------------------------------------------------------------- #
 
 
+def _ascii_number(text: str) -> str:
+    """``text`` if it may be read as a number: ASCII only, no ``_`` (Python's ``int()`` and
+    ``float()`` also read ``1_000``, ``٣`` and full-width digits); ValueError otherwise."""
+    if not isinstance(text, str) or not text.isascii() or "_" in text:
+        raise ValueError(f"not a number in ASCII digits: {text!r}")
+    return text
+
+
+def integer(text: str) -> int:
+    """An argparse ``type=``: a base-10 integer in ASCII digits (argparse names it
+    "invalid integer value")."""
+    return int(_ascii_number(text), 10)
+
+
+def number(text: str) -> float:
+    """An argparse ``type=``: a number in ASCII (NaN and infinities are left to the
+    command's own range checks)."""
+    return float(_ascii_number(text))
+
+
 def _bound_text(lo, hi, lo_open: bool = False) -> str:
     if lo is not None and hi is not None:
         return f"in {'(' if lo_open else '['}{lo}, {hi}]"
@@ -204,7 +256,7 @@ def bounded_int(lo: int | None = None, hi: int | None = None, *, what: str = "an
 
     def parse(text: str) -> int:
         try:
-            value = int(text, 10)
+            value = integer(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -223,7 +275,7 @@ def bounded_float(lo: float | None = None, hi: float | None = None, *,
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = number(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not math.isfinite(value):

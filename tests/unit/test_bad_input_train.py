@@ -196,6 +196,23 @@ def _put(rel: str, content: str | bytes):
     return edit
 
 
+def _no_training(*edits):
+    """A ``build`` whose case must be refused before the ranks are set up: reaching them
+    is an internal error (so a refusal that went missing fails in seconds, not after a
+    training run)."""
+
+    def build(ws: Workspace) -> dict[str, Path]:
+        from vllm_kimi_ext.train import runstate
+
+        def reached(*_a, **_kw):
+            raise RuntimeError("training started: the case was not refused")
+
+        ws.monkeypatch.setattr(runstate, "setup_ranks", reached)
+        return _build(*edits)(ws)
+
+    return build
+
+
 # --------------------------------------------------------------------------- #
 # The table                                                                    #
 # --------------------------------------------------------------------------- #
@@ -325,6 +342,10 @@ CAPTURE_CASES: list[Case] = [
         ("--tensor-parallel-size", "0", ">= 1"), ("--tensor-parallel-size", "-8", ">= 1"),
         ("--max-model-len", "0", ">= 1"), ("--max-model-len", "-1", ">= 1"),
         ("--batch-size", "0", ">= 1"), ("--batch-size", "-64", ">= 1"),
+        # ASCII digits only (Python's int() reads these)
+        ("--batch-size", "1_000", "invalid integer value: '1_000'"),
+        ("--max-model-len", "\u0663", "invalid integer value: '\u0663'"),
+        ("--shard", "\uff10/2", "expected I/N with 0 <= I < N, got '\uff10/2'"),
     ]),
     _case("capture/no-backend", ("draft", "capture", "--data", "{data}"),
           ["exactly one of --vllm-target, --hf-model"]),
@@ -429,6 +450,12 @@ TRAIN_CASES: list[Case] = [
         ("--draft-vocab-size", "0", ">= 1"),
         ("--draft-vocab-size", "100000", f"vocab_size {VOCAB}"),
         ("--checkpoint-every", "0", ">= 1"), ("--val-fraction", "0.6", "in [0.0, 0.5]"),
+        # ASCII digits only, and a step count below a billion
+        ("--max-steps", "1_000", "invalid integer value: '1_000'"),
+        ("--epochs", "1_0", "invalid number value: '1_0'"),
+        ("--checkpoint-every", "\uff15", "got '\uff15'"),
+        ("--max-steps", "9" * 26, "in [0, 1000000000]"),
+        ("--checkpoint-every", "9" * 26, "in [1, 1000000000]"),
         ("--val-every", "0", ">= 1"), ("--patience", "0", ">= 1"),
         ("--loader-workers", "65", "in [0, 64]"),
     ]),
@@ -552,6 +579,13 @@ TRAIN_CASES: list[Case] = [
         TRAIN, "--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/ck"),
         ["holds checkpoints of an earlier run; pass --resume"],
         _put("ck/step-000000002/state.pt", b"x")),
+    # the default folder (OUT.checkpoints) too: two runs must not prune or resume each
+    # other's checkpoints there
+    *[Case(f"train/earlier-checkpoints-in-the-default-folder-{how}", _with(TRAIN, *flags), 2,
+           ("{new}.checkpoints: holds checkpoints of an earlier run; pass --resume",),
+           _no_training(_put("new-out.checkpoints/step-000000002/state.pt", b"x")))
+      for how, flags in (("checkpoint-every", ("--checkpoint-every", "2")),
+                         ("validation", ("--checkpoint-every", "1", "--val-fraction", "0.25")))],
     # a damaged manifest: one line naming the field, never an internal error
     _case("train/manifest-list", TRAIN, ["manifest.json: holds a JSON list, expected an object"],
           _put("data/manifest.json", "[1]")),
@@ -848,6 +882,29 @@ ENV_CASES: list[Case] = [
           f"did you mean {envs.ENABLE.name}?"]),
     _env("clean-all-valid", (_ON, envs.SHARDED_VERIFY.name + "=on",
                              envs.COUNT_COLLECTIVES.name + "=50"), 0, []),
+    # numbers: ASCII digits, bounded (Python's int() reads the first three)
+    *[_env(f"{flag.name.lower()}-{what}", (_ON, envs.SHARDED_VERIFY.name + "=1",
+                                           f"{flag.name}={raw}"), 2,
+           [f"{flag.name}={raw!r}: expected", "ASCII digits", *more])
+      for flag in (envs.COUNT_COLLECTIVES, envs.SHARDED_VERIFY_HANDOFF)
+      for what, raw, more in (("underscore", "1_000", ()), ("arabic-indic-digit", "\u0663", ()),
+                              ("plus", "+4", ()),
+                              ("26-digits", "9" * 26, (f"N must be <= {envs.MAX_COUNT}",)))],
+    _env("handoff-empty-is-off", (_ON, envs.SHARDED_VERIFY.name + "=1",
+                                  envs.SHARDED_VERIFY_HANDOFF.name + "="), 0, []),
+    # a setting that does nothing without its parent: one warning line naming both
+    _env("handoff-without-sharded-verify", (_ON, envs.SHARDED_VERIFY_HANDOFF.name + "=4"), 0,
+         [f"{envs.SHARDED_VERIFY_HANDOFF.name}='4' has no effect without "
+          f"{envs.SHARDED_VERIFY.name}=1 and is ignored"]),
+    _env("graphs-with-sharded-verify-off", (_ON, envs.SHARDED_VERIFY.name + "=0",
+                                            envs.SHARDED_VERIFY_GRAPHS.name + "=off"), 0,
+         [f"{envs.SHARDED_VERIFY_GRAPHS.name}='off' has no effect without "
+          f"{envs.SHARDED_VERIFY.name}=1"]),
+    _env("sharded-verify-without-enable", (envs.SHARDED_VERIFY.name + "=1",), 0,
+         [f"{envs.SHARDED_VERIFY.name}='1' has no effect without {envs.ENABLE.name}=1"]),
+    _env("invalid-handoff-while-off", (envs.SHARDED_VERIFY_HANDOFF.name + "=1_000",), 0,
+         [f"{envs.SHARDED_VERIFY_HANDOFF.name}='1_000' has no effect without "
+          f"{envs.ENABLE.name}=1"]),
 ]
 
 CASES_BY_TOOL = {"regenerate": REGENERATE_CASES, "capture": CAPTURE_CASES,

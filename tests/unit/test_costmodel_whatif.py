@@ -148,6 +148,32 @@ def test_nccl_simple_curve_is_today_times_the_published_ratio():
         cm.latency.latency_us("allreduce", big, "nccl")
 
 
+def test_nccl_simple_ratio_between_measured_sizes_is_linear_in_log_bytes():
+    """Between two measured sizes the Simple/LL ratio moves linearly in log(bytes), as
+    nccl_simple_table says: at a size of the NCCL curve inside a measured interval the
+    lifted latency is today's times that ratio. (Linear in bytes puts 57344 B at 0.75 of
+    the 32-64 KB interval instead of log(1.75)/log(2) = 0.81: 0.2 % lower.)"""
+    import math
+
+    cm = CostModel.build("rtx-pro-6000-pcie-x8")
+    simple = nccl_simple_table(cm)
+    pts = sorted(settings_data()["nccl_proto_ll"]["simple_then_ll_us"])
+    inside = 0
+    for (x0, a0, b0), (x1, a1, b1) in zip(pts, pts[1:]):
+        for x in cm.latency.curves["nccl"]["allreduce"].sizes:
+            if not x0 < x < x1:
+                continue
+            t = math.log(x / x0) / math.log(x1 / x0)
+            ratio = a0 / b0 + t * (a1 / b1 - a0 / b0)
+            linear = a0 / b0 + (x - x0) / (x1 - x0) * (a1 / b1 - a0 / b0)
+            today = cm.latency.latency_us("allreduce", x, "nccl")
+            assert abs(ratio - linear) / ratio > 1e-3  # the two rules differ here
+            assert simple.latency_us("allreduce", x, "nccl") == pytest.approx(
+                today * ratio, rel=1e-9), x
+            inside += 1
+    assert inside >= 1  # the profile's NCCL curve has a size inside a measured interval
+
+
 def test_adaptive_verification_applies_to_every_method():
     """vLLM 0.34.0 reads the flag for every method (tests/canary/
     test_adaptive_verification_facts.py); the row once said DSpark only."""

@@ -36,8 +36,9 @@ def test_count_collectives_is_a_step_interval(raw, want):
 
 
 @pytest.mark.parametrize("raw,want", [
-    ("", "auto"), ("auto", "auto"), (" AUTO ", "auto"), ("off", 0), ("never", 0), ("0", 0),
-    ("false", 0), ("1", 1), ("3", 3), (" 16 ", 16),
+    ("", 0), (" ", 0), ("auto", "auto"), (" AUTO ", "auto"), ("off", 0), ("never", 0),
+    ("0", 0), ("false", 0), ("1", 1), ("3", 3), (" 16 ", 16), ("007", 7),
+    (str(envs.MAX_COUNT), envs.MAX_COUNT),
 ])
 def test_sharded_verify_handoff_is_auto_or_a_request_count(raw, want):
     assert envs.SHARDED_VERIFY_HANDOFF.get({envs.SHARDED_VERIFY_HANDOFF.name: raw}) == want
@@ -47,8 +48,15 @@ def test_sharded_verify_handoff_is_auto_or_a_request_count(raw, want):
     *[(envs.SHARDED_VERIFY, raw, "one of 1/true/yes/on")
       for raw in ("2", "maybe", "ture", "-1", "1.0")],
     *[(envs.COUNT_COLLECTIVES, raw, "a step interval") for raw in ("abc", "-5", "2.5", "often")],
-    *[(envs.SHARDED_VERIFY_HANDOFF, raw, "auto, off (never) or a request count")
+    *[(envs.SHARDED_VERIFY_HANDOFF, raw, "auto, off (never; also empty) or a request count")
       for raw in ("on", "yes", "-2", "3.5", "top_p", "batch 4")],
+    # numbers: ASCII digits only (Python's int() reads all of these)
+    *[(flag, raw, expected)
+      for flag, expected in ((envs.COUNT_COLLECTIVES, "a step interval N >= 0 in ASCII digits"),
+                             (envs.SHARDED_VERIFY_HANDOFF, "auto, off (never; also empty)"))
+      for raw in ("1_000", "\u0663", "\uff15", "+5", "1e3", "0x10", "\u00a05", "5\u2003")],
+    # blanks around an on/off word: ASCII only
+    *[(envs.SHARDED_VERIFY, raw, "one of 1/true/yes/on") for raw in ("\u00a01", "on\u3000")],
 ])
 def test_invalid_value_is_one_line_naming_variable_value_and_expectation(flag, raw, expected):
     with pytest.raises(envs.EnvError) as err:
@@ -56,6 +64,69 @@ def test_invalid_value_is_one_line_naming_variable_value_and_expectation(flag, r
     msg = str(err.value)
     assert msg.startswith(f"{flag.name}={raw!r}: expected {expected}")
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("flag", [envs.COUNT_COLLECTIVES, envs.SHARDED_VERIFY_HANDOFF])
+@pytest.mark.parametrize("raw", [str(envs.MAX_COUNT + 1), "9" * 26, "0" * 30 + "1" * 11])
+def test_a_number_above_the_bound_is_refused_naming_the_bound(flag, raw):
+    with pytest.raises(envs.EnvError) as err:
+        flag.get({flag.name: raw})
+    msg = str(err.value)
+    assert msg.startswith(f"{flag.name}={raw!r}: expected ") and "\n" not in msg
+    assert msg.endswith(f"; N must be <= {envs.MAX_COUNT}"), msg
+
+
+def test_leading_zeros_within_the_bound_are_a_number():
+    flag = envs.COUNT_COLLECTIVES
+    assert flag.get({flag.name: "0" * 30 + "12"}) == 12
+
+
+def test_empty_is_off_for_every_flag_that_has_an_off():
+    """README's one rule: empty is off (never "auto", never the default "on")."""
+    off = {"bool": False, "steps": 0, "handoff": 0}
+    for flag in envs.FLAGS:
+        if flag.kind in off:
+            assert flag.get({flag.name: ""}) == off[flag.kind], flag.name
+
+
+_ENABLE_ON = {envs.ENABLE.name: "1"}
+
+
+@pytest.mark.parametrize("env,warned", [
+    # a child without its parent: named, with the parent it needs
+    ({**_ENABLE_ON, envs.SHARDED_VERIFY_HANDOFF.name: "4"},
+     [(envs.SHARDED_VERIFY_HANDOFF, "'4'", envs.SHARDED_VERIFY)]),
+    ({**_ENABLE_ON, envs.SHARDED_VERIFY.name: "off", envs.SHARDED_VERIFY_GRAPHS.name: "0"},
+     [(envs.SHARDED_VERIFY_GRAPHS, "'0'", envs.SHARDED_VERIFY)]),
+    # any flag without VLLM_KIMI_EXT=1 (unset or off); the first missing parent only
+    ({envs.SHARDED_VERIFY.name: "1"}, [(envs.SHARDED_VERIFY, "'1'", envs.ENABLE)]),
+    ({envs.ENABLE.name: "0", envs.SHARDED_VERIFY_HANDOFF.name: "auto"},
+     [(envs.SHARDED_VERIFY_HANDOFF, "'auto'", envs.ENABLE)]),
+    ({envs.COUNT_COLLECTIVES.name: "5", envs.SKIP_DRAFT_CHECK.name: "1"},
+     [(envs.COUNT_COLLECTIVES, "'5'", envs.ENABLE), (envs.SKIP_DRAFT_CHECK, "'1'", envs.ENABLE)]),
+    # no warning: parents on, a blank child, the project-env variable, a broken parent
+    ({**_ENABLE_ON, envs.SHARDED_VERIFY.name: "1", envs.SHARDED_VERIFY_HANDOFF.name: "4"}, []),
+    ({envs.SHARDED_VERIFY_HANDOFF.name: " "}, []),
+    ({envs.PROJECT_ENV.name: "/opt/env"}, []),
+    ({envs.ENABLE.name: "maybe", envs.SHARDED_VERIFY.name: "1"}, []),
+])
+def test_a_setting_without_its_parent_is_named_in_one_line(env, warned):
+    lines = envs.ineffective_warnings(env)
+    assert lines == [f"{child.name}={raw} has no effect without {parent.name}=1 and is ignored"
+                     for child, raw, parent in warned]
+    assert envs.startup_warnings(env) == envs.unknown_warnings(env) + lines
+
+
+def test_every_flag_but_the_switch_and_the_project_env_needs_the_switch():
+    for flag in envs.FLAGS:
+        if flag in (envs.ENABLE, envs.PROJECT_ENV):
+            assert flag.needs == (), flag.name
+        else:
+            assert flag.needs[0] is envs.ENABLE, flag.name
+            assert all(p.kind == "bool" for p in flag.needs), flag.name
+        # the README sentence says what it acts with
+        for parent in flag.needs[1:]:
+            assert f"with `{parent.name}`" in flag.doc, flag.name
 
 
 def test_unset_flags_give_their_defaults_and_are_read_at_call_time(monkeypatch):

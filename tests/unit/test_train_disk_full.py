@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.full_disk import OnesCapture
 from vllm_kimi_ext.user_input import DiskFullError, human_bytes
 
 torch = pytest.importorskip("torch")
@@ -99,18 +100,6 @@ def test_other_write_errors_pass_through_unchanged(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- capture
 
 
-class _Backend:
-    hidden_size, num_hidden_layers = 8, 3
-    description = {"backend": "test", "target": "t", "tensor_parallel_size": 1}
-
-    def capture(self, samples, layer_ids, paths, dtype):
-        from vllm_kimi_ext.train import capture
-
-        for s, p in zip(samples, paths):
-            hs = torch.ones(s.num_tokens, len(layer_ids), 8, dtype=torch.bfloat16)
-            capture._save_shard(p, hs, torch.tensor(s.input_ids))
-
-
 def _samples(n: int):
     from vllm_kimi_ext.train import layout
 
@@ -135,7 +124,7 @@ def test_capture_on_a_full_disk_keeps_the_earlier_shards(tmp_path, monkeypatch):
 
     monkeypatch.setattr(st, "save_file", full_at_the_fourth)
     with pytest.raises(DiskFullError) as info:
-        capture.capture(data, _Backend(), layer_ids=[1, 3], batch_size=2, progress=False,
+        capture.capture(data, OnesCapture(), layer_ids=[1, 3], batch_size=2, progress=False,
                         log=lambda _m: None)
     msg = str(info.value)
     assert msg.startswith(f"{data / 'hidden_states'}: no space left on the device while "
@@ -145,7 +134,7 @@ def test_capture_on_a_full_disk_keeps_the_earlier_shards(tmp_path, monkeypatch):
     assert names == ["hs_0.safetensors", "hs_1.safetensors", "shards.jsonl"], names
     assert set(layout.shard_records(data)) == {0, 1}
     monkeypatch.setattr(st, "save_file", real)  # space freed: the rerun completes
-    section = capture.capture(data, _Backend(), layer_ids=[1, 3], batch_size=2,
+    section = capture.capture(data, OnesCapture(), layer_ids=[1, 3], batch_size=2,
                               progress=False, log=lambda _m: None)
     assert [e["index"] for e in section["samples"]] == [0, 1, 2, 3]
     assert all(e["finite"] is True and e["shape"] == [7, 2, 8] for e in section["samples"])

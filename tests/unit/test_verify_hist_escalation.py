@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testkit.verify_cases import PIN_V, ties_past_the_cut
+from testkit.verify_cases import PIN_V, deep_cut, ties_past_the_cut
 from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step
 from testkit.verify_simulate import simulate_graph_step
 from vllm_kimi_ext.verify import VerifyBatch, step_torch
-from vllm_kimi_ext.verify.reference import sampling_keep_mask, scale_logits
+from vllm_kimi_ext.verify.reference import min_p_threshold, sampling_keep_mask, scale_logits
 from vllm_kimi_ext.verify.step_hist import key_values, ordered_key16
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -83,6 +83,23 @@ def test_kimi_vocab_eight_shards(drafts):
                                                  escalation_slots=z.shape[0])
     assert stopped == [] and not bool(out.deferred.any())
     assert int(out.uncertified.sum()) >= 6 * (k + 1)
+    _all_cut_by_hist(out, plan)
+
+
+@pytest.mark.parametrize("depth", [1.0, 4.0])
+def test_tokens_exactly_on_the_min_p_cut_are_kept(depth):
+    """min-p with top-p, the min-p cut exactly on 150 tied tokens (the row maximum 0, the
+    ties at -depth, min_p a float32 whose log is -depth): min-p keeps them (``>=``), and
+    the nucleus takes about half of them. A pre-cut that drops a token on the cut (``>``)
+    leaves the maximum alone in the nucleus and the step differs from the reference (the
+    Triton twin: ``testkit.verify_hist_check``'s ``min_p_on_cut``)."""
+    b, z = deep_cut(depth, min_p_on_cut=True)
+    cut = min_p_threshold(torch.zeros(1), b.min_p[:1])
+    assert float(cut) == -depth and int((z[0].float() == cut).sum()) == 150
+    out, _, plan, stopped = check_graph_step(z, b, PIN_V, 2, candidates=2, escalation="hist",
+                                             row_fallback_slots=0,
+                                             escalation_slots=b.num_rows)
+    assert stopped == [] and int(out.uncertified.sum()) >= 3
     _all_cut_by_hist(out, plan)
 
 

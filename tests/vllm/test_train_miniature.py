@@ -147,7 +147,7 @@ def test_speculators_own_dataset_reads_the_data_directory(captured):
     from speculators.train.data import ArrowDataset
 
     from vllm_kimi_ext.train import layout
-    from vllm_kimi_ext.train.trainer import write_speculators_dataset
+    from vllm_kimi_ext.train.export import write_speculators_dataset
 
     write_speculators_dataset(captured)
     ds = ArrowDataset(128, captured, on_missing="raise")

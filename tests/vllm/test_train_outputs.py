@@ -109,6 +109,7 @@ def test_an_existing_out_needs_force_and_is_replaced_whole(inputs, previous, cap
 def test_a_full_disk_during_the_export_leaves_the_previous_out(inputs, previous, capsys,
                                                                monkeypatch):
     import safetensors.torch as st
+    from safetensors import SafetensorError
 
     out, before = previous
     real = st.save_file
@@ -117,7 +118,9 @@ def test_a_full_disk_during_the_export_leaves_the_previous_out(inputs, previous,
         real(tensors, filename, metadata=metadata)
         data = Path(filename).read_bytes()
         Path(filename).write_bytes(data[: len(data) // 3])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
+        # what safetensors raises on a full device (not an OSError)
+        raise SafetensorError("Error while serializing: I/O error: "
+                              f"{os.strerror(errno.ENOSPC)} (os error {errno.ENOSPC})")
 
     monkeypatch.setattr(st, "save_file", full_disk)
     code, err = _train(inputs, out, "--force", "--seed", "2", capsys=capsys)

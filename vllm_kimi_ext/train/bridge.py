@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_ext.outputs import save_safetensors
+
 from .layout import DataError
 from .settings import TrainConfig
 
@@ -91,7 +93,6 @@ def write_target_stub(model, out_dir: str | Path, dtype: str = "bfloat16") -> Pa
     """A directory speculators can use as the verifier: the model's (text) config and
     its embedding, ``lm_head`` and final norm weights."""
     import torch
-    from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,8 +110,8 @@ def write_target_stub(model, out_dir: str | Path, dtype: str = "bfloat16") -> Pa
         "lm_head.weight": model.get_output_embeddings().weight,
         "model.norm.weight": decoder.norm.weight,
     }
-    save_file({k: v.detach().to(dt).clone().contiguous() for k, v in tensors.items()},
-              str(out / "model.safetensors"))
+    save_safetensors({k: v.detach().to(dt).clone().contiguous() for k, v in tensors.items()},
+                     out / "model.safetensors")
     return out
 
 
@@ -291,7 +292,6 @@ def export_flat(model, target_dir: str | Path, out_dir: str | Path, *,
                 dtype: str = "bfloat16", extra: dict | None = None) -> Path:
     """Write ``model`` as a flat EAGLE-3 directory vLLM 0.34.0 loads for ``target_dir``."""
     import torch
-    from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,5 +328,5 @@ def export_flat(model, target_dir: str | Path, out_dir: str | Path, *,
             continue
         tensors[k] = v.detach().to(dt).clone().contiguous()
     (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out

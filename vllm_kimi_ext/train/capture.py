@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from vllm_kimi_ext.outputs import file_mode, save_safetensors
 from vllm_kimi_ext.user_input import disk_full_refusal, human_bytes
 
 from . import layout
@@ -86,13 +87,11 @@ class Backend(Protocol):
 
 
 def _save_shard(path: Path, hidden, token_ids) -> None:
-    from safetensors.torch import save_file
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        save_file({"hidden_states": hidden.contiguous(), "token_ids": token_ids.contiguous()},
-                  str(tmp))
+        save_safetensors({"hidden_states": hidden.contiguous(),
+                          "token_ids": token_ids.contiguous()}, tmp)
         os.replace(tmp, path)
     except BaseException:  # a full disk, an interrupt: no torn temporary file stays
         tmp.unlink(missing_ok=True)
@@ -375,6 +374,7 @@ class VllmCapture:
                 try:  # the connector's file is already a shard: rename it
                     path.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(src, path)
+                    os.chmod(path, file_mode())  # the connector's file may be 0600
                     example_hidden_states_connector.cleanup_hidden_states(src)
                     continue
                 except OSError:  # another filesystem: rewrite below

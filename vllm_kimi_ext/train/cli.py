@@ -20,7 +20,7 @@ from pathlib import Path
 from vllm_kimi_ext import facts
 from vllm_kimi_ext.train import settings
 from vllm_kimi_ext.train.settings import add_flags, from_args
-from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK
+from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, integer, number
 
 from .validate import check_args, strict_json
 
@@ -108,7 +108,7 @@ def _register_regenerate(sub) -> None:
                    help="JSONL (fields prompt/text/question/turns/content) or text; repeatable")
     p.add_argument("--field", default=None, help="JSONL field holding the prompt")
     p.add_argument("--first-turn-only", action="store_true")
-    p.add_argument("--limit", type=int, default=None, help="records per prompt file")
+    p.add_argument("--limit", type=integer, default=None, help="records per prompt file")
     p.add_argument("--out", required=True, help="data directory")
     p.add_argument("--server", default=None,
                    help="OpenAI-compatible base URL of the served target, e.g. "
@@ -160,12 +160,12 @@ def _register_capture(sub) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--vllm-target", default=None, help="target checkpoint served by vLLM")
     add_flags(p, settings.Capture, only=("tensor_parallel_size",))
-    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-model-len", type=integer, default=None)
     p.add_argument("--staging", default=None,
                    help="where vLLM's connector writes first (default DATA/.staging; a "
                         "RAM disk such as /dev/shm/hs is faster)")
     _add_hf_model(p)
-    p.add_argument("--layer-ids", type=int, nargs="+", default=None,
+    p.add_argument("--layer-ids", type=integer, nargs="+", default=None,
                    help="ascending layer ids, the last = the target's layer count "
                         "(default: an earlier capture's on resume, else vLLM's taps 2, L//2, "
                         "L-3 clipped to the target's depth, then L)")
@@ -184,7 +184,7 @@ def _register_capture(sub) -> None:
 def _shard_arg(text: str) -> tuple[int, int]:
     i, sep, n = text.partition("/")
     try:
-        i_, n_ = int(i, 10), int(n, 10)
+        i_, n_ = integer(i), integer(n)
     except ValueError:
         i_ = n_ = -1
     if not sep or n_ < 1 or not 0 <= i_ < n_:
@@ -214,7 +214,7 @@ def run_capture(args) -> int:
                       batch_size=args.batch_size, check_free_space=not args.no_space_check,
                       shard=args.shard)
     if args.speculators_dataset:
-        from .trainer import write_speculators_dataset
+        from .export import write_speculators_dataset
 
         write_speculators_dataset(args.data)
     print(strict_json({k: section[k] for k in ("layer_ids", "dtype", "disk_bytes",
@@ -239,7 +239,7 @@ def _register_train(sub) -> None:
     p.add_argument("--init", default=None,
                    help="head to fine-tune: a flat EAGLE-3 directory or a speculators checkpoint")
     vocab = p.add_mutually_exclusive_group()
-    vocab.add_argument("--draft-vocab-size", type=int, default=None,
+    vocab.add_argument("--draft-vocab-size", type=integer, default=None,
                        help="reduced draft vocabulary: the most frequent response tokens")
     vocab.add_argument("--draft-vocab-from", default=None,
                        help="take d2t/t2d from a `draft shrink-vocab` output directory")
@@ -350,25 +350,25 @@ def _register_bill(sub) -> None:
         description="Disk, regeneration/capture hours on the box, training GPU-hours and "
                     "whether fine-tuning beats switching drafts; from a pilot's measured "
                     "figures, the cost model and documented constants.")
-    p.add_argument("--prompts", type=int, default=None, help="samples to train on")
-    p.add_argument("--gain-fraction", type=float, default=None,
+    p.add_argument("--prompts", type=integer, default=None, help="samples to train on")
+    p.add_argument("--gain-fraction", type=number, default=None,
                    help="instead of --prompts: the share of the attainable gain to reach")
-    p.add_argument("--n-half", type=float, default=None,
+    p.add_argument("--n-half", type=number, default=None,
                    help="samples reaching half the gain (default: documented assumption)")
-    p.add_argument("--prompt-tokens", type=float, default=None)
-    p.add_argument("--response-tokens", type=float, default=None)
+    p.add_argument("--prompt-tokens", type=number, default=None)
+    p.add_argument("--response-tokens", type=number, default=None)
     p.add_argument("--measured", default=None, help="a pilot's data directory")
     p.add_argument("--measured-train", default=None, help="a pilot's training.json")
     add_flags(p, settings.Bill, only=("hardware", "decode_batch", "context"))
-    p.add_argument("--decode-tok-s", type=float, default=None)
-    p.add_argument("--prefill-tok-s", type=float, default=None)
+    p.add_argument("--decode-tok-s", type=number, default=None)
+    p.add_argument("--prefill-tok-s", type=number, default=None)
     p.add_argument("--online", action="store_true",
                    help="hidden states streamed to the trainer (disk: a staging window only)")
     add_flags(p, settings.TrainConfig, only=("ttt_steps", "epochs"))
-    p.add_argument("--tau-now", type=float, default=None,
+    p.add_argument("--tau-now", type=number, default=None,
                    help="tau of today's draft on your traffic (draft eval / serving logs)")
-    p.add_argument("--tau-after", type=float, default=None, help="expected tau after fine-tuning")
-    p.add_argument("--tau-alt", type=float, default=None, help="tau of the other public draft")
+    p.add_argument("--tau-after", type=number, default=None, help="expected tau after fine-tuning")
+    p.add_argument("--tau-alt", type=number, default=None, help="tau of the other public draft")
     add_flags(p, settings.Bill, only=("alt_step_cost", "disk_read_gb_s"))
     add_flags(p, settings.TrainConfig, only=("max_len",))
     p.add_argument("--json", action="store_true")

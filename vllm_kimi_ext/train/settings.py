@@ -17,9 +17,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from vllm_kimi_ext.costmodel.cli import DEFAULT_HARDWARE
-from vllm_kimi_ext.facts import target_dims
-from vllm_kimi_ext.user_input import bounded_float, bounded_int
+from vllm_kimi_ext.facts import HARDWARE_PROFILE, target_dims
+from vllm_kimi_ext.user_input import bounded_float, bounded_int, integer, number
 
 _VOCAB = target_dims().vocab_size  # the eval chunk's help prices Kimi-K2.5's vocabulary
 
@@ -38,7 +37,7 @@ __all__ = [
 
 #: the parsing type of each annotation a setting may have (``X | None``: the value may be
 #: absent, which only the default can be)
-_TYPES = {"int": int, "float": float, "str": str}
+_TYPES = {"int": integer, "float": number, "str": str}  # ASCII digits only (not int())
 
 
 def setting(default: Any, help: str, *, flag: str | None = None, **argparse_kw: Any):
@@ -203,7 +202,7 @@ class Evaluation:
 class Bill:
     """The box and comparison ``draft bill`` assumes when no pilot measured them."""
 
-    hardware: str = setting(DEFAULT_HARDWARE, "hardware profile of the box (plan --list)")
+    hardware: str = setting(HARDWARE_PROFILE, "hardware profile of the box (plan --list)")
     decode_batch: int = setting(64, "concurrent requests while regenerating")
     context: int = setting(4096, "context tokens per request while regenerating")
     alt_step_cost: float = setting(1.0, "the other draft's step time / today's")

@@ -7,7 +7,7 @@ function are speculators'. This module feeds them the data directory's shards an
 runs the optimisation on one device (CUDA when present, else CPU): AdamW, cosine
 schedule with warm-up, gradient clipping at 1.0, as speculators' own trainer does.
 Multi-GPU runs use ``speculators train`` (torchrun, FSDP) on the same directory
-(:func:`write_speculators_dataset`) and ``--init`` its checkpoint here to export.
+(:func:`.export.write_speculators_dataset`) and ``--init`` its checkpoint here to export.
 
 The result is exported with :func:`.bridge.export_flat` and checked with the
 doctor against the target before the command reports success.
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import bridge, layout, runstate
+from . import bridge, export, layout, runstate
 from .layout import DataError, Sample
 from .settings import TrainConfig
 
@@ -533,10 +532,6 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
     if bad is not None:
         raise DataError(f"after step {st['step']}: tensor {bad} holds NaN or infinite values; "
                         "nothing was exported (lower --lr, or check the data)")
-    if not ranks.is_main:
-        ranks.barrier()
-        return TrainResult(Path(out_dir), st["step"], st["losses"], st["tokens"], seconds,
-                           str(device), {"ok": True, "rank": ranks.rank})
     record = {"data": str(data_dir), "target": str(target_dir), "init": str(init or "fresh"),
               "config": dataclasses.asdict(config), "options": dataclasses.asdict(options),
               "samples": len(samples), "val_samples": len(val_samples),
@@ -546,15 +541,11 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
               "losses": [round(x, 5) for x in st["losses"]],
               "validation": st["val"], "best_step": st["best_step"],
               "stopped_early": st["stopped"], "resumed_from": resumed_from,
-              "truncation": trunc, "library": _library_version()}
-    out = export_atomically(model.cpu(), target_dir, out_dir, record, force=force, log=log)
-    from vllm_kimi_ext.drafts.doctor.diagnosis import diagnose
-
-    report = diagnose(target_dir, out, method="eagle3")
-    log(report.format_text())
-    ranks.barrier()
+              "truncation": trunc}
+    out, doctor = export.export_on_main(ranks, model, target_dir, out_dir, record,
+                                        force=force, log=log)
     return TrainResult(out, st["step"], st["losses"], st["tokens"], seconds, str(device),
-                       report.to_dict())
+                       doctor)
 
 
 def _quiet(_msg: str) -> None:
@@ -616,72 +607,3 @@ def _checkpoint(ckpt_dir, model, opt, sched, st, best_state, settings, ranks, lo
         raise failed or DataError(f"rank {ranks.rank}: stopped because rank 0 could not "
                                   f"write the checkpoint of step {st['step']} in {ckpt_dir}")
     ranks.barrier()
-
-
-def export_atomically(model, target_dir: str | Path, out_dir: str | Path, record: dict, *,
-                      force: bool = False, log=print) -> Path:
-    """Export ``model`` and its ``training.json`` into a temporary folder beside
-    ``out_dir`` and rename it into place: an interrupted or failed export (a full disk, a
-    kill) leaves ``out_dir`` as it was. An existing non-empty ``out_dir`` needs ``force``."""
-    from vllm_kimi_ext.drafts.shrink_vocab.output_dir import clean_stale, write_directory_atomically
-
-    out = Path(out_dir)
-
-    def write(tmp: Path) -> None:
-        bridge.export_flat(model, target_dir, tmp)
-        (tmp / "training.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
-
-    def exists(path: Path) -> Exception:
-        return DataError(f"--out {path}: exists and is not empty; pass --force to replace it")
-
-    empty = out.is_dir() and not any(out.iterdir())
-    if out.parent.is_dir():
-        for line in clean_stale(out.parent):  # what a killed earlier export left
-            log(f"export: {line}")
-    needed = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    write_directory_atomically(out, write, force=force or empty, exists_error=exists,
-                               tool="draft-train", needed=needed)
-    return out
-
-
-def _library_version() -> str:
-    from importlib import metadata
-
-    try:
-        return f"speculators {metadata.version('speculators')}"
-    except metadata.PackageNotFoundError:
-        import speculators
-
-        return f"speculators {getattr(speculators, '__version__', '?')}"
-
-
-def write_speculators_dataset(data_dir: str | Path) -> Path:
-    """Write the Arrow dataset ``speculators train --data-path DATA`` reads next to the
-    shards (columns ``input_ids``, ``loss_mask``, ``seq_len``; row i = ``hs_i``)."""
-    import hashlib
-
-    import pyarrow as pa
-    from datasets import Dataset
-    from datasets.table import InMemoryTable
-
-    samples = layout.read_samples(data_dir, tokens=False)
-    if [s.index for s in samples] != list(range(len(samples))):
-        raise DataError(f"{data_dir}: sample indices are not 0..n-1; speculators reads "
-                        "row i from hs_i.safetensors")
-    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.bool_())),
-                        ("seq_len", pa.int64())])
-    batches = []
-    for start in range(0, len(samples), 1024):  # Python lists for 1024 samples at a time
-        chunk = [layout.with_tokens(data_dir, s) for s in samples[start:start + 1024]]
-        batches.append(pa.record_batch([
-            pa.array([s.input_ids for s in chunk], type=pa.list_(pa.int64())),
-            pa.array([[bool(m) for m in s.loss_mask] for s in chunk], type=pa.list_(pa.bool_())),
-            pa.array([s.num_tokens for s in chunk], type=pa.int64())], schema=schema))
-    table = pa.Table.from_batches(batches, schema=schema)
-    # an explicit fingerprint: datasets' own (a pickle of the table) fails on some
-    # pyarrow/dill combinations
-    digest = hashlib.sha256((Path(data_dir) / layout.SAMPLES).read_bytes()).hexdigest()[:16]
-    ds = Dataset(InMemoryTable(table), fingerprint=digest)
-    ds.set_format(type="torch")
-    ds.save_to_disk(str(data_dir))
-    return Path(data_dir)

@@ -96,6 +96,9 @@ def _num(x: float) -> str:
 _SEED = Num(int, 0, 2**32 - 1)
 _POSITIVE = Num(float, 0, lo_open=True)
 _COUNT = Num(int, 1)
+#: a step count or interval: at most a billion steps (more is a typo, never a plan)
+MAX_STEPS = 10**9
+_STEPS = Num(int, 1, MAX_STEPS)
 _HOLDOUT = Num(int, 0, note="0 keeps every sample; N >= 2 holds out about 1 in N")
 _TAU = Num(float, 1, note="tokens per target step, 1 = no speculation")
 
@@ -110,11 +113,12 @@ NUMBERS: dict[str, dict[str, Num]] = {
     },
     "train": {
         "draft_vocab_size": _COUNT, "epochs": _POSITIVE,
-        "max_steps": Num(int, 0, note="unset: --epochs decides; 0 exports --init as is"),
+        "max_steps": Num(int, 0, MAX_STEPS,
+                         note="unset: --epochs decides; 0 exports --init as is"),
         "lr": Num(float, 0, 1, lo_open=True), "max_len": Num(int, 2), "prompt_context":
         Num(int, 0), "ttt_steps": Num(int, 1, 64), "seed": _SEED, "holdout_every": _HOLDOUT,
-        "checkpoint_every": _COUNT, "val_fraction": Num(float, 0, 0.5), "val_every": _COUNT,
-        "patience": _COUNT, "loader_workers": Num(int, 0, 64), "min_train_tokens": _COUNT,
+        "checkpoint_every": _STEPS, "val_fraction": Num(float, 0, 0.5), "val_every": _STEPS,
+        "patience": _STEPS, "loader_workers": Num(int, 0, 64), "min_train_tokens": _COUNT,
     },
     "eval": {"k": Num(int, 1, 64), "holdout_every": _HOLDOUT, "max_len": Num(int, 2),
              "chunk": _COUNT},
@@ -638,8 +642,8 @@ def check_args(command: str, args: Any) -> None:
 
 def strict_json(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` whose output every JSON parser reads: NaN and infinities become
-    ``null`` (the cost model's :func:`~vllm_kimi_ext.costmodel.cli.strict`;
+    ``null`` (:func:`vllm_kimi_ext.outputs.strict`, shared with the cost model;
     ``allow_nan=False`` proves none is left)."""
-    from vllm_kimi_ext.costmodel.cli import strict
+    from vllm_kimi_ext.outputs import strict
 
     return json.dumps(strict(obj), allow_nan=False, **kwargs)

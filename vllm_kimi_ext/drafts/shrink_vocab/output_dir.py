@@ -19,6 +19,7 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -28,7 +29,8 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vllm_kimi_ext.user_input import disk_full_refusal, tree_bytes
+from vllm_kimi_ext.outputs import apply_umask_tree
+from vllm_kimi_ext.user_input import UserInputError, disk_full_refusal, tree_bytes
 
 __all__ = ["TMP_TAG", "TOOLS", "clean_stale", "temp_name", "terminate_as_interrupt",
            "write_directory_atomically"]
@@ -41,6 +43,10 @@ OLD_TAG = "shrink-vocab-old"
 _TOOLS_RE = "|".join(re.escape(t) for t in TOOLS)
 _STALE_RE = re.compile(
     rf"^\.(?P<name>.+)\.(?P<tag>(?:{_TOOLS_RE})-(?:tmp|old))-(?P<pid>\d+)$")
+
+
+#: What a folder this user cannot write into says (a read-only mount included).
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def temp_name(out_dir: Path, tag: str = TMP_TAG, pid: int | None = None) -> Path:
@@ -126,16 +132,25 @@ def write_directory_atomically(out_dir: Path, write: Callable[[Path], None], *,
     ``needed`` (bytes, an estimate) is what a full-disk refusal names (default: at
     least what was written before the disk filled)."""
     tmp_tag, old_tag = _tags(tool)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(out_dir, tmp_tag)
-    shutil.rmtree(tmp, ignore_errors=True)  # our own pid: a leftover of an earlier call
-    tmp.mkdir(mode=0o755)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # our own pid: a leftover of an earlier call
+        tmp.mkdir()  # 0777 & ~umask, as the renamed output keeps it
+    except OSError as exc:  # the output's folder, not our hidden temporary name
+        if exc.errno not in _NOT_WRITABLE:
+            raise
+        raise UserInputError(
+            f"{out_dir}: cannot be written: its folder {out_dir.parent} is not writable "
+            f"({exc.strerror}); choose another folder", file=str(out_dir),
+            expected="a folder this user can write") from None
     locks = [_lock(tmp)]
     old: Path | None = None
     try:
         with disk_full_refusal(out_dir, None, what=f"writing {out_dir.name}") as need:
             try:
                 write(tmp)
+                apply_umask_tree(tmp)  # copies and library writes: the user's umask
                 if out_dir.exists():
                     if not force:
                         raise exists_error(out_dir)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vllm_kimi_ext.checkpoints.safetensors_headers import TensorIndex
-from vllm_kimi_ext.user_input import UserInputError
+from vllm_kimi_ext.user_input import UserInputError, tree_bytes
 
 from .corpus import DEFAULT_FIELDS, CorpusError, iter_documents, sniff_corpus
 from .output_dir import clean_stale, write_directory_atomically
@@ -362,7 +362,8 @@ def _write_head(head_dir: Path, tmp: Path, cfg: dict, index: TensorIndex, lm_hea
                 kept: list[int], vocab: int) -> None:
     import torch
     from safetensors import safe_open
-    from safetensors.torch import save_file
+
+    from vllm_kimi_ext.outputs import save_safetensors
 
     kept_t = torch.tensor(kept, dtype=torch.int64)
     d2t = kept_t - torch.arange(len(kept), dtype=torch.int64)
@@ -379,7 +380,7 @@ def _write_head(head_dir: Path, tmp: Path, cfg: dict, index: TensorIndex, lm_hea
             tensors[lm_head] = tensors[lm_head].index_select(0, kept_t).contiguous()
             tensors["d2t"] = d2t
             tensors["t2d"] = t2d
-        save_file(tensors, str(tmp / file.name), metadata=metadata or {"format": "pt"})
+        save_safetensors(tensors, tmp / file.name, metadata=metadata or {"format": "pt"})
         del tensors
     weight_index = head_dir / _WEIGHT_INDEX
     if weight_index.is_file():
@@ -459,7 +460,10 @@ def shrink_vocab(
         _write_head(head_dir, tmp, cfg, index, lm_head, kept, vocab)
         _write_coverage(tmp, report)
 
-    write_directory_atomically(out_dir, write, force=force, exists_error=_exists_error)
+    # the output is the head with fewer lm_head rows: at most the head's size (an estimate
+    # for a full disk's message)
+    write_directory_atomically(out_dir, write, force=force, exists_error=_exists_error,
+                               needed=tree_bytes(head_dir))
     return report
 
 
