@@ -37,7 +37,7 @@ def kernel_twins() -> dict:
     padding, a min-p cut, T 1.0 / 0.6 and 2,300 columns (two chunks): equal counts, masses
     within 1e-12 relative."""
     from vllm_kimi_ext.verify import _hist_kernels as hk
-    from vllm_kimi_ext.verify.reference import min_p_threshold, scale_logits
+    from vllm_kimi_ext.verify.rowmath import min_p_threshold, scale_logits
     from vllm_kimi_ext.verify.step_hist import boundary_torch, coarse_torch
 
     g = torch.Generator().manual_seed(9)

@@ -17,7 +17,8 @@ import torch
 
 from vllm_kimi_ext.verify.batch import VerifyBatch
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
-from vllm_kimi_ext.verify.step_plan import StepInputs, plan_from_params
+from vllm_kimi_ext.verify.protocol import plan_from_params
+from vllm_kimi_ext.verify.step_io import StepInputs
 
 #: Sampling modes of a step: per-request parameters (cycled over the batch).
 MODES = {

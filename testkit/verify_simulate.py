@@ -5,12 +5,12 @@ collective semantics (every rank blocks until all have contributed, then all
 receive the same ``[TP, ...]`` stack), so the sharded verifier runs unchanged
 and any rank-divergent control flow deadlocks (reported as an error after a
 timeout) instead of silently passing. It also records every collective, for
-comparison with the step's :class:`~vllm_kimi_ext.verify.step_plan.StepPlan`.
+comparison with the step's :class:`~vllm_kimi_ext.verify.protocol.StepPlan`.
 
 :func:`plan_for_layout` is the test kit's plan builder: it reads a
 :class:`~vllm_kimi_ext.verify.batch.RowLayout`'s tensors on the host (the product plans
 from the requests' parameters with
-:func:`~vllm_kimi_ext.verify.step_plan.plan_from_params`, which never reads a device
+:func:`~vllm_kimi_ext.verify.protocol.plan_from_params`, which never reads a device
 value); :func:`simulate_sharded_verify` runs the product's
 :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep` on every simulated rank.
 """
@@ -25,8 +25,9 @@ import torch
 
 from vllm_kimi_ext.verify.batch import RowLayout, VerifyBatch, VerifyOutput
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+from vllm_kimi_ext.verify.protocol import StepPlan, plan_step
 from vllm_kimi_ext.verify.ranks import AllGather
-from vllm_kimi_ext.verify.step_plan import StepInputs, StepOutput, StepPlan, plan_step
+from vllm_kimi_ext.verify.step_io import StepInputs, StepOutput
 
 
 class ThreadedGroup:
@@ -104,7 +105,7 @@ def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size:
                     escalation_slots: int | None = None, logits_bytes: int = 2,
                     escalation: str | None = None,
                     row_fallback_slots: int | None = None) -> StepPlan:
-    """:func:`~vllm_kimi_ext.verify.step_plan.plan_step` from a layout's tensors (host
+    """:func:`~vllm_kimi_ext.verify.protocol.plan_step` from a layout's tensors (host
     reads: tests and benchmarks only)."""
     m = L.host_modes(vocab_size)
     r = L.req_of_row

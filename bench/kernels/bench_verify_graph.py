@@ -302,7 +302,7 @@ def ours_case(z, b, vocab: int, backend: str, old: bool, escalation: str = "rows
     ``escalation``: the plan's (``"rows"``: whole rows, the split kernel; ``"hist"``)."""
     from testkit.verify_graph_sim import simulate_graph_step
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
-    from vllm_kimi_ext.verify.step_plan import StepInputs
+    from vllm_kimi_ext.verify.step_io import StepInputs
 
     outs, group, plan = simulate_graph_step(z, b, TP, vocab, backend=backend,
                                             escalation=escalation)

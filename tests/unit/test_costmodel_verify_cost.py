@@ -466,10 +466,10 @@ def test_escalation_bytes_match_the_product_plan(cm):
     """The cost model's escalation rounds are the product plan's rounds (bytes per rank,
     names), at Kimi's vocabulary over 8 ranks: before 40,960 B per escalated row per rank,
     after 3,088 B + the one whole-row slot shared by the step's escalated rows."""
-    from vllm_kimi_ext.verify.step_plan import plan_from_params
+    from vllm_kimi_ext.verify.protocol import ESCALATIONS, plan_from_params
 
     for B in (1, 9, 10, 16, 64):
-        for esc in vc.ESCALATIONS:
+        for esc in ESCALATIONS:
             plan = plan_from_params([{"temperature": 1.0, "top_p": 0.95}] * B, tp_size=cm.tp,
                                     vocab_size=V, num_rows=4 * B, max_rows_per_req=4,
                                     escalation=esc)

@@ -68,7 +68,7 @@ def test_the_config_covers_the_graph_step_and_the_escalation():
         del sys.modules[spec.name]
     verify, esc = mod.PACKAGES["verify"], mod.PACKAGES["verify_escalation"]
     assert verify.paths == ("vllm_kimi_ext/verify",)
-    for module in ("graph_step.py", "step_torch.py", "step_plan.py", "ranks.py"):
+    for module in ("graph_step.py", "step_torch.py", "protocol.py", "step_io.py", "ranks.py"):
         assert f"vllm_kimi_ext/verify/{module}" not in verify.exclude
     assert "tests/unit/test_verify_graph_step.py" in verify.tests
     assert "tests/unit/test_verify_escalation_pins.py" in verify.tests

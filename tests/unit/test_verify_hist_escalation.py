@@ -16,7 +16,8 @@ from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step
 from testkit.verify_simulate import simulate_graph_step
 from vllm_kimi_ext.verify import VerifyBatch, step_torch
-from vllm_kimi_ext.verify.reference import sampling_keep_mask, scale_logits
+from vllm_kimi_ext.verify.reference import sampling_keep_mask
+from vllm_kimi_ext.verify.rowmath import scale_logits
 from vllm_kimi_ext.verify.step_hist import key_values, ordered_key16
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

@@ -17,7 +17,7 @@ from vllm_kimi_ext.verify import (
     full_gather_bytes_per_row,
     plan_from_params,
 )
-from vllm_kimi_ext.verify.step_plan import FALLBACK_REASONS
+from vllm_kimi_ext.verify.protocol import FALLBACK_REASONS
 
 KIMI_V = 163840
 KIMI_S = KIMI_V // 8
@@ -60,7 +60,7 @@ def test_plan_numbers_per_mode():
         ("escalation", 16, KIMI_S, 2)]
     assert rows_p.bytes_per_escalated_row_per_rank == 40_960
     # the default is whole rows at every batch: measured on a GPU, the step with the
-    # histogram escalation is slower despite its fewer bytes (step_plan.DEFAULT_ESCALATION)
+    # histogram escalation is slower despite its fewer bytes (protocol.DEFAULT_ESCALATION)
     for n in (1, 9, 10, 16, 64, 256):
         plan = _plan([{"temperature": 1.0, "top_p": 0.95}] * n)
         assert (plan.escalation, plan.row_fallback_slots) == ("rows", 0), n
@@ -163,7 +163,7 @@ def test_plan_from_params_sharded_and_collective_count():
 def test_fallback_reasons_are_counted_and_logged(field, value, reason, caplog):
     counter = FallbackCounter()
     p = SimpleNamespace(temperature=0.8, **{field: value})
-    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.verify.step_plan"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.verify.protocol"):
         fb = _plan([SimpleNamespace(temperature=0.0), p], counter=counter,
                    top_p_sharded=False)
     assert isinstance(fb, Fallback) and fb.reason == reason

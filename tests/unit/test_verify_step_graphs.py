@@ -18,7 +18,7 @@ import torch
 import vllm_kimi_ext.verify.graph_step as gs
 from testkit.verify_replay import replay_steps
 from vllm_kimi_ext.verify import GraphVerifyStep, StepGraphs, StepInputs, VerifyBatch
-from vllm_kimi_ext.verify.step_plan import plan_from_params
+from vllm_kimi_ext.verify.protocol import plan_from_params
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 SIZES = (1, 2, 4, 8, 16, 24)

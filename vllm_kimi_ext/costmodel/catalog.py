@@ -29,6 +29,9 @@ from vllm_kimi_ext.patchset import PatchSetError
 from vllm_kimi_ext.user_input import UserInputError
 
 KINDS = ("models", "hardware", "latency", "drafts")
+#: The hardware profile the project is for (8x RTX PRO 6000, PCIe only): the CLI's default
+#: and the box every generated table is priced on.
+DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 _SINGULAR = {"models": "model", "hardware": "hardware", "latency": "latency table",
              "drafts": "draft"}
 

@@ -21,9 +21,11 @@ import json
 import math
 from pathlib import Path
 
+from vllm_kimi_ext.costmodel.catalog import DEFAULT_HARDWARE
+from vllm_kimi_ext.jsonsafe import strict
 from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError, one_line_errors
 
-DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
+__all__ = ["DEFAULT_HARDWARE", "strict"]
 DEFAULT_MODEL = "kimi-k2.5"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -491,19 +493,6 @@ def _write_json(args, cm, rec, drafts_acc, a) -> None:
     }
     write_json(args.json, doc)
     print(f"json: {args.json}")
-
-
-def strict(value):
-    """``value`` with every non-finite float made None, so JSON has no NaN or Infinity."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    return str(value)
 
 
 def write_json(path: Path, doc) -> None:

@@ -38,7 +38,12 @@ from vllm_kimi_ext.costmodel.acceptance import (
     mean_field_to_card_ratio,
     point_for,
 )
-from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
+from vllm_kimi_ext.costmodel.catalog import (
+    DEFAULT_HARDWARE,
+    DraftProfile,
+    list_profiles,
+    load_draft,
+)
 from vllm_kimi_ext.costmodel.evidence import Evidence, evidence, run_text
 from vllm_kimi_ext.costmodel.explain import caveats, explain
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
@@ -50,7 +55,7 @@ README_HEADING = "## What to run on 8× PCIe"
 BATCH = 1
 CONTEXT = 1024
 TARGET = "Kimi-K2.5"
-PCIE = "rtx-pro-6000-pcie-x8"
+PCIE = DEFAULT_HARDWARE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_kimi_ext.costmodel.catalog import ProfileError, require
+from vllm_kimi_ext.verify import protocol
 
 #: Where the graph-captured verify benchmark writes its report in a source checkout.
 REPORT_NAME = "bench/reports/verify_graph_vs_vllm_h200.json"
@@ -58,10 +59,10 @@ REPORT_NAME = "bench/reports/verify_graph_vs_vllm_h200.json"
 #: (:mod:`.verify_report`); a test keeps the two equal.
 DEFAULT_REPORT = Path(str(resources.files("vllm_kimi_ext.costmodel").joinpath(
     "profiles", "verify", "verify_graph_vs_vllm_h200.json")))
-MODES = ("top_p_T1", "top_p_T0.6", "greedy", "topk_minp")
+#: The step's sampling modes (:data:`.protocol.STEP_MODES`).
+MODES = protocol.STEP_MODES
 #: Kimi's own API: temperature 1.0 with top_p 0.95 (0.6 / 0.95 in instant mode).
-KIMI_MODES = ("top_p_T1", "top_p_T0.6")
-MODE_TEMPERATURE = {"top_p_T1": 1.0, "top_p_T0.6": 0.6}
+KIMI_MODES = tuple(protocol.TOP_P_MODES)
 VERIFIERS = ("stock", "sharded", "batch_sharded")
 VERIFIER_LABEL = {
     "stock": "stock vLLM 0.34.0 (logits all-gather)",
@@ -171,10 +172,10 @@ def _case(doc: Any, where: str) -> VerifyCase:
         if not 0.0 < top_p <= 1.0:
             raise VerifyReportError(f"{where}: field 'top_p' must be in (0, 1] or null, "
                                     f"got {top_p}")
-    if mode in MODE_TEMPERATURE:
-        if abs(temperature - MODE_TEMPERATURE[mode]) > 1e-9:
+    if mode in protocol.TOP_P_MODES:
+        if abs(temperature - protocol.TOP_P_MODES[mode]) > 1e-9:
             raise VerifyReportError(f"{where}: mode {mode!r} needs temperature "
-                                    f"{MODE_TEMPERATURE[mode]:g}, got {temperature:g}")
+                                    f"{protocol.TOP_P_MODES[mode]:g}, got {temperature:g}")
         if top_p is None or top_p >= 1.0:
             raise VerifyReportError(f"{where}: mode {mode!r} needs a top_p below 1, "
                                     f"got {top_p!r}")
@@ -387,8 +388,8 @@ def price_batch_sharded(cm, meas: VerifyMeasurements | None, batch: int, k: int,
 #: mode, T = 1.0 / top_p 0.95: what Kimi's API serves by default).
 DEFAULT_MODE = "top_p_T1"
 #: The constant the sharded-verifier row falls back to where the report has no measurement
-#: (one all-gather of 4 float32 per row per rank: the stats-only step without any cut).
-FALLBACK_BYTES_PER_ROW_PER_RANK = 16
+#: (one all-gather of the stats-only step's float32 columns per row per rank, no cut).
+FALLBACK_BYTES_PER_ROW_PER_RANK = protocol.STATS_ONLY_COLUMNS * protocol.FLOAT_BYTES
 
 
 def sharded_terms(cm, rows: float, k: int | None, mode: str = DEFAULT_MODE,
@@ -558,6 +559,20 @@ def handover(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> tuple[in
     return (None if c == "never" else int(c)), True
 
 
+def handover_table(cm, meas: VerifyMeasurements | None) -> dict:
+    """:func:`handover` for every measured k and every mode, as the serving side reads it
+    (``integration/handover.json``, written by ``nox -s docs``; the plugin never builds a
+    cost model): per k and mode the first batch handed over (None: never) and whether it
+    was priced."""
+    ks = sorted({c.k for c in meas.cases}) if meas is not None else []
+    return {
+        "source": f"{REPORT_NAME} ({'no report' if meas is None else meas.date}) priced on "
+                  f"the {cm.hw.name} collective model (costmodel/verify_cost.py)",
+        "k": {str(k): {mode: dict(zip(("from", "priced"), handover(cm, meas, k, mode)))
+                       for mode in MODES} for k in ks},
+    }
+
+
 def handover_words(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> str:
     """:func:`handover` in words: what both on runs at which batch."""
     start, priced = handover(cm, meas, k, mode)
@@ -668,21 +683,8 @@ def _both_on_markdown(cm, meas: VerifyMeasurements, k: int = 3) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # The sharded step's escalation: whole shard rows or the histogram rounds
 # ---------------------------------------------------------------------------------------------
-#: Escalation kinds of the sharded step (``verify.step_plan.ESCALATIONS``).
-ESCALATIONS = ("rows", "hist")
-#: Bytes one rank sends per escalated row in each all-gather of the histogram escalation,
-#: the buffers ``verify/step_hist.py`` allocates (``verify.step_plan.HIST_ROUNDS`` and
-#: ``HIST_STATS``: 256 float64 coarse bins, 256 int32 per-key counts of the boundary bin,
-#: 4 float32 statistics, the last round also carrying the whole-row slots); the cost model
-#: imports nothing outside itself, so a test keeps the two equal.
-HIST_ROUND_BYTES = (("hist-coarse", 256 * 8), ("hist-boundary", 256 * 4),
-                    ("hist-stats+rows", 4 * 4))
-#: Whole-row slots the histogram escalation keeps for rows it cannot cut exactly
-#: (``verify.step_plan.DEFAULT_ROW_FALLBACK_SLOTS``), sent in its last round.
-HIST_ROW_FALLBACK_SLOTS = 1
-#: Round 1 of a step with a cut: 5 statistics + 128 candidates as (value, id), float32
-#: (``verify.step_plan``: ``STAT_COLUMNS + 2 DEFAULT_CANDIDATES``).
-ROUND1_BYTES_PER_ROW = (5 + 2 * 128) * 4
+#: The escalation kinds, the histogram rounds' bytes per escalated row, its whole-row slots
+#: and round 1's bytes per row are the step's own (:mod:`vllm_kimi_ext.verify.protocol`).
 #: What the escalation's price is made of.
 ESCALATION_TIME_NOTE = ("modelled, not measured: its all-gathers priced on the PCIe model; "
                         "no GPU timing of the histogram escalation at these rows, so the step's "
@@ -717,17 +719,17 @@ def price_escalation(cm, batch: int, escalation: str, slots: int | None = None
     """The escalation's all-gathers at ``batch`` requests (``slots``: escalation slots,
     default one per request), each priced as the existing rounds are (one NCCL all-gather
     of ``TP x`` the bytes one rank sends)."""
-    if escalation not in ESCALATIONS:
-        raise ValueError(f"escalation must be one of {ESCALATIONS}, not {escalation!r}")
+    if escalation not in protocol.ESCALATIONS:
+        raise ValueError(f"escalation must be one of {protocol.ESCALATIONS}, not {escalation!r}")
     tp, v, b = cm.tp, cm.model.vocab_size, cm.model.dtype_bytes
     E = batch if slots is None else slots
     row = math.ceil(v / tp) * b
     if escalation == "rows":
         rounds = (("escalation", E * row),)
     else:
-        F = min(HIST_ROW_FALLBACK_SLOTS, E)
+        F = min(protocol.DEFAULT_ROW_FALLBACK_SLOTS, E)
         rounds = tuple((name, E * w + (F * row if name.endswith("+rows") else 0))
-                       for name, w in HIST_ROUND_BYTES)
+                       for name, w in protocol.hist_round_bytes())
     return EscalationPrice(escalation, batch, E, rounds,
                            sum(_allgather_us(cm, nb * tp) for _, nb in rounds))
 
@@ -751,7 +753,7 @@ def price_sharded_escalation(cm, meas: VerifyMeasurements | None, batch: int, k:
     if compute is None:
         return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, None, 0.0, 0,
                            0.0, 0.0, NOT_PRICED)
-    r1 = rows * ROUND1_BYTES_PER_ROW
+    r1 = rows * protocol.round1_bytes_per_row()
     sent = r1 + esc.bytes_per_rank
     note = (f"{1 + len(esc.rounds)} NCCL all-gathers ({esc.bytes_per_escalated_row_per_rank:,.0f}"
             f" B per escalated row per rank)")
@@ -778,7 +780,7 @@ def escalation_markdown(cm, meas: VerifyMeasurements | None = None, k: int = 3,
     for B in batches:
         er, eh = price_escalation(cm, B, "rows"), price_escalation(cm, B, "hist")
         pr, ph = (price_sharded_escalation(cm, meas, B, k, mode, e, hist_meas)
-                  for e in ESCALATIONS)
+                  for e in protocol.ESCALATIONS)
         bs = price_batch_sharded(cm, meas, B, k, mode)
 
         def us(p: VerifyPrice) -> str:

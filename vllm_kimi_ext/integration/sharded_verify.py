@@ -6,12 +6,12 @@ into this module:
 
 * ``Sampler.add_request`` remembers each request slot's ``SamplingParams``
   (:func:`remember_sampling_params`), so a step's plan is decided by
-  :func:`~vllm_kimi_ext.verify.step_plan.plan_from_params` from the real parameters
+  :func:`~vllm_kimi_ext.verify.protocol.plan_from_params` from the real parameters
   (top-p, penalties, bad words, logit bias, logprobs, structured output, ... →
   fallback with that reason);
 * ``GPUModelRunner.sample`` runs :func:`sample_step`: the gate (:func:`gate`) returns
-  the step's :class:`~vllm_kimi_ext.verify.step_plan.StepPlan` or a
-  :class:`~vllm_kimi_ext.verify.step_plan.Fallback`; a planned step takes
+  the step's :class:`~vllm_kimi_ext.verify.protocol.StepPlan` or a
+  :class:`~vllm_kimi_ext.verify.protocol.Fallback`; a planned step takes
   ``compute_logits_local`` (git patch logits-local) instead of the logits all-gather and runs
   :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep` over vLLM's TP group
   (replayed from CUDA graphs captured at warm-up, :class:`.StepGraphs`), then vLLM's
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_kimi_ext.integration.verifier_choice import VerifierChoice
-from vllm_kimi_ext.verify.step_plan import Fallback, FallbackCounter, StepPlan, plan_from_params
+from vllm_kimi_ext.verify.protocol import Fallback, FallbackCounter, StepPlan, plan_from_params
 
 logger = logging.getLogger("vllm_kimi_ext.verify")
 
@@ -153,7 +153,7 @@ REJECTION_SAMPLER_TYPES = (_RS,)
 DRAFT_LOGITS_TYPES = (_DRAFT,)
 #: vLLM 0.34.0's built-in logits processors (``Sampler.__init__``). Each acts only on
 #: requests whose own parameters ask for it (logit bias / allowed ids / min tokens,
-#: penalties, bad words), and :func:`~vllm_kimi_ext.verify.step_plan.plan_from_params`
+#: penalties, bad words), and :func:`~vllm_kimi_ext.verify.protocol.plan_from_params`
 #: refuses those requests;
 #: any other processor type (``--logits-processors``, plugins) makes the step fall
 #: back with reason ``logits_processors``.
@@ -420,7 +420,7 @@ def sharded_sample(runner: Any, hidden_states: Any, input_batch: Any, make_verif
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import gather_draft_sampled
 
     from vllm_kimi_ext.comm import phase
-    from vllm_kimi_ext.verify.step_plan import StepInputs
+    from vllm_kimi_ext.verify.step_io import StepInputs
 
     sampler = runner.sampler
     states = sampler.sampling_states

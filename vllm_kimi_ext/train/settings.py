@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from vllm_kimi_ext.costmodel.cli import DEFAULT_HARDWARE
+from vllm_kimi_ext.costmodel.catalog import DEFAULT_HARDWARE
 from vllm_kimi_ext.facts import target_dims
 from vllm_kimi_ext.user_input import bounded_float, bounded_int
 

@@ -5,7 +5,7 @@ the same contract as its torch twins (:func:`.step_hist.coarse_torch`,
 ``_pass_kernel`` (one launch per round, programs ``(slot, chunk)``)
     Each program reads one chunk of its slot's shard row (16-bit ``z``), keeps the tokens
     at or above the min-p cut (``s = z / T``, the same float32 division as
-    :func:`.reference.scale_logits`) and, for the coarse round, adds ``exp(s - m)`` in
+    :func:`.rowmath.scale_logits`) and, for the coarse round, adds ``exp(s - m)`` in
     float64 to 256 bins by the ordered key's high byte, one block of columns at a time (a
     one-hot sum per block, then one float64 atomic add per bin and program); for the
     boundary round it counts, per low byte, the tokens whose key lies in the slot's

@@ -62,9 +62,10 @@ import torch
 
 from . import step_torch as st
 from .kernels import shard_local_stats
+from .protocol import StepPlan, plan_step
 from .ranks import AllGather, ShardedRank
 from .step_hist import escalate_hist
-from .step_plan import StepInputs, StepOutput, StepPlan, plan_step
+from .step_io import StepInputs, StepOutput
 from .step_torch import constant
 
 logger = logging.getLogger(__name__)
@@ -292,7 +293,7 @@ class StepGraphs:
                  capture_sizes: tuple[int, ...] | None = None,
                  log: logging.Logger | None = None, escalation: str | None = None):
         self.step = step
-        #: The captured one-hot plans' escalation (None: :func:`.step_plan.plan_step`'s
+        #: The captured one-hot plans' escalation (None: :func:`.protocol.plan_step`'s
         #: default for the padded size).
         self.escalation = escalation
         self.rows_per_req = int(rows_per_req)

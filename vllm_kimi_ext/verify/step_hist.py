@@ -3,7 +3,7 @@ of the picked uncertified rows from three small all-gathers instead of whole sha
 
 For 16-bit float logits (bf16; fp16 works the same way) every value has an ordered 16-bit
 key (:func:`ordered_key16`): ``key(a) < key(b)`` iff ``a < b``, ``-0.0`` and ``+0.0`` share
-a key, and ``s = z / T`` (one float32 division, :func:`.reference.scale_logits`) keeps
+a key, and ``s = z / T`` (one float32 division, :func:`.rowmath.scale_logits`) keeps
 distinct values distinct, so the tokens of one key are exactly one tie group of the
 whole-row sort. Per picked row (``E = plan.escalation_slots``, shapes fixed, no host read,
 so the rounds run inside CUDA-graph capture and under the CPU stand-in):
@@ -38,9 +38,10 @@ from __future__ import annotations
 import torch
 
 from .kernels import merge_argmax, shard_local_stats
+from .protocol import HIST_BINS, KEYS_PER_BIN, StepPlan
 from .ranks import AllGather
-from .reference import min_p_threshold, scale_logits
-from .step_plan import HIST_BINS, KEYS_PER_BIN, StepInputs, StepPlan
+from .rowmath import min_p_threshold, scale_logits
+from .step_io import StepInputs
 from .step_torch import Merged, exact_cut, pick_slots
 
 #: Relative distance of ``top_p x Z`` from the running mass on either side of the cut

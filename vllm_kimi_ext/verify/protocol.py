@@ -1,10 +1,16 @@
-"""The host-side plan of one verification step: sharded (a :class:`StepPlan`) or the full
-logits gather (a :class:`Fallback` with its reason), from facts the host already has.
+"""The verify step's contract, torch-free: what one step sends and in which rounds.
+
+A step is sharded (a :class:`StepPlan`: its shapes and its :class:`Round` s, one
+all-gather each) or the full logits gather (a :class:`Fallback` with its reason), planned
+from facts the host already has. The step (``verify/``), the runner's gate
+(``integration/``) and the cost model's verify price (``costmodel/verify_cost.py``) all
+read the round sizes from here; nothing else defines them. This module imports no torch,
+so the cost model stays importable without it.
 
 :func:`plan_from_params` is the one entry point: the runner's gate calls it with the
 requests' ``SamplingParams`` (host objects) and the step runs the plan it returns, so
-nothing here reads a device value. :class:`StepInputs` holds the step's per-row
-device tensors (fixed shapes, built with device ops only).
+nothing here reads a device value (the step's device tensors are
+:class:`~.step_io.StepInputs` and :class:`~.step_io.StepOutput`).
 
 The sharded step is exact for greedy, temperature, top-k, min-p, top-p, one-hot and
 probabilistic drafts. Anything whose semantics need the whole logits row on one rank
@@ -12,8 +18,6 @@ probabilistic drafts. Anything whose semantics need the whole logits row on one 
 logits. A fallback is never silent: it is returned as a :class:`Fallback` with a
 reason and counted by a :class:`FallbackCounter` (which also logs each one at debug
 level).
-
-Fallback reasons (first match in this order):
 
 Fallback reasons (first match in this order):
 
@@ -43,13 +47,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from .batch import RowLayout
-from .ranks import MAX_EXACT_FLOAT_ID
-
 logger = logging.getLogger(__name__)
 
+#: Token ids are exchanged as float32: exact below this.
+MAX_EXACT_FLOAT_ID = 2**24
+#: Round-1 columns of an all-greedy step: (max, argmax).
+GREEDY_COLUMNS = 2
+#: Round-1 columns of a step without a cut: gval, gidx, lse, s_x.
+STATS_ONLY_COLUMNS = 4
 #: Round-1 columns before the candidates: gval, gidx, lse (hi, lo), s_x.
 STAT_COLUMNS = 5
 #: Candidates per rank and row when a cut is present (at least the largest top-k).
@@ -81,6 +86,9 @@ HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4)
 #: Round 3's statistics per picked row (float32); the round is sent as bytes together with
 #: the whole-row slots' shard rows.
 HIST_STATS = 4
+HIST_LAST_ROUND = "hist-stats+rows"
+#: The residual round's float32 columns per request: the Gumbel-max (value, id).
+RESIDUAL_COLUMNS = 2
 
 FALLBACK_REASONS = (
     "vocab_too_large",
@@ -107,7 +115,8 @@ class Fallback:
     all_reasons: tuple[str, ...] = ()
 
 
-def _get(p: Any, name: str, default: Any = None) -> Any:
+def param(p: Any, name: str, default: Any = None) -> Any:
+    """One sampling parameter of a request: a vLLM ``SamplingParams`` attribute or a dict key."""
     if isinstance(p, dict):
         return p.get(name, default)
     return getattr(p, name, default)
@@ -116,92 +125,77 @@ def _get(p: Any, name: str, default: Any = None) -> Any:
 def request_fallback_reasons(p: Any, top_p_sharded: bool = False) -> list[str]:
     """All reasons one request's sampling parameters need the full gather."""
     reasons: list[str] = []
-    temp = float(_get(p, "temperature", 1.0) or 0.0)
+    temp = float(param(p, "temperature", 1.0) or 0.0)
     sampling = temp > 0.0
-    top_p = _get(p, "top_p", 1.0)
+    top_p = param(p, "top_p", 1.0)
     if sampling and not top_p_sharded and top_p is not None and float(top_p) < 1.0:
         reasons.append("top_p")
-    if _get(p, "logprobs") is not None or _get(p, "logprob_token_ids"):
+    if param(p, "logprobs") is not None or param(p, "logprob_token_ids"):
         reasons.append("logprobs")
-    if (float(_get(p, "presence_penalty", 0.0) or 0.0) != 0.0
-            or float(_get(p, "frequency_penalty", 0.0) or 0.0) != 0.0
-            or float(_get(p, "repetition_penalty", 1.0) or 1.0) != 1.0):
+    if (float(param(p, "presence_penalty", 0.0) or 0.0) != 0.0
+            or float(param(p, "frequency_penalty", 0.0) or 0.0) != 0.0
+            or float(param(p, "repetition_penalty", 1.0) or 1.0) != 1.0):
         reasons.append("penalties")
-    if _get(p, "bad_words") or _get(p, "_bad_words_token_ids"):
+    if param(p, "bad_words") or param(p, "_bad_words_token_ids"):
         reasons.append("bad_words")
-    if _get(p, "logit_bias"):
+    if param(p, "logit_bias"):
         reasons.append("logit_bias")
-    if _get(p, "allowed_token_ids"):
+    if param(p, "allowed_token_ids"):
         reasons.append("allowed_token_ids")
-    if int(_get(p, "min_tokens", 0) or 0) > 0:
+    if int(param(p, "min_tokens", 0) or 0) > 0:
         reasons.append("min_tokens")
-    if _get(p, "structured_outputs") is not None or _get(p, "guided_decoding") is not None:
+    if param(p, "structured_outputs") is not None or param(p, "guided_decoding") is not None:
         reasons.append("structured_output")
-    if _get(p, "thinking_token_budget") is not None:
+    if param(p, "thinking_token_budget") is not None:
         reasons.append("thinking_budget")
-    if _get(p, "watermarking"):
+    if param(p, "watermarking"):
         reasons.append("watermarking")
     return reasons
 
 
 # ---------------------------------------------------------------------------
-# the step's device inputs and its host-side plan
+# the sampling modes a step is measured and priced in
 # ---------------------------------------------------------------------------
-@dataclass
-class StepInputs:
-    """Per-row device tensors of one step (fixed shapes; built without host reads)."""
+#: The measured top-p modes and their temperatures (Kimi's two API settings, top_p 0.95).
+TOP_P_MODES = {"top_p_T1": 1.0, "top_p_T0.6": 0.6}
+#: The modes of a step that cannot escalate: every row greedy, or a cut round 1 certifies.
+GREEDY_MODE, CUT_MODE = "greedy", "topk_minp"
+#: Every mode a step can be measured and priced in.
+STEP_MODES = (*TOP_P_MODES, GREEDY_MODE, CUT_MODE)
 
-    #: int64 [num_reqs + 1]
-    cu_num_rows: torch.Tensor
-    #: int64 [rows]: draft verified at each row, -1 on bonus rows / placeholders.
-    draft: torch.Tensor
-    req_of_row: torch.Tensor
-    row_in_req: torch.Tensor
-    temperature: torch.Tensor  # float32 [rows], 0 = greedy
-    seeds: torch.Tensor  # int64 [rows]
-    positions: torch.Tensor  # int64 [rows]
-    top_k: torch.Tensor  # int64 [rows], 0 = off (greedy rows off)
-    min_p: torch.Tensor  # float32 [rows], 0 = off
-    top_p: torch.Tensor  # float32 [rows], 1 = off
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.draft.shape[0])
+def step_mode(plan: StepPlan, params: Sequence[Any]) -> str:
+    """The sampling mode whose measurements price this step.
 
-    @property
-    def num_reqs(self) -> int:
-        return int(self.cu_num_rows.shape[0]) - 1
+    A step with escalation slots (a top-p or min-p row without top-k) is priced as top-p
+    at the measured temperature nearest the highest temperature among its sampling rows
+    (ties go to the higher, slower one); a step without is ``greedy`` when every row is
+    greedy, else ``topk_minp``.
+    """
+    if plan.escalation_slots == 0:
+        return GREEDY_MODE if plan.all_greedy else CUT_MODE
+    # the plan's own reading of a request's temperature (None or 0: greedy)
+    temps = [float(param(p, "temperature", 1.0) or 0.0) for p in params]
+    t = max((x for x in temps if x > 0), default=1.0)
+    return min(TOP_P_MODES, key=lambda m: (abs(TOP_P_MODES[m] - t), -TOP_P_MODES[m]))
 
-    @staticmethod
-    def from_layout(L: RowLayout, vocab_size: int) -> StepInputs:
-        """From a :class:`~.batch.RowLayout` (tests, benchmarks)."""
-        r = L.req_of_row
-        return StepInputs(
-            cu_num_rows=L.cu_num_rows, draft=L.draft, req_of_row=r, row_in_req=L.row_in_req,
-            temperature=L.temperature, seeds=L.seeds, positions=L.positions,
-            top_k=L.effective_top_k(vocab_size)[r], min_p=L.effective_min_p()[r],
-            top_p=L.effective_top_p()[r])
 
-    @staticmethod
-    def from_requests(cu_num_rows: torch.Tensor, draft: torch.Tensor, temperature: torch.Tensor,
-                      seeds: torch.Tensor, positions: torch.Tensor, top_k: torch.Tensor,
-                      min_p: torch.Tensor, top_p: torch.Tensor, vocab_size: int) -> StepInputs:
-        """From per-request parameters and per-row drafts/positions, with device ops only
-        (``searchsorted`` instead of ``repeat_interleave``): safe inside graph capture.
-        ``draft`` must already be -1 on bonus rows."""
-        cu = cu_num_rows.long()
-        R = draft.shape[0]
-        rows = torch.arange(R, device=draft.device)
-        req = torch.searchsorted(cu[1:], rows, right=True).clamp(max=cu.shape[0] - 2)
-        t = temperature.float()[req]
-        greedy = t == 0
-        k = top_k.long()[req]
-        k = torch.where(greedy | (k >= vocab_size) | (k < 0), torch.zeros_like(k), k)
-        mp = torch.where(greedy, torch.zeros_like(t), min_p.float()[req])
-        tp = torch.where(greedy, torch.ones_like(t), top_p.float()[req])
-        return StepInputs(cu_num_rows=cu, draft=draft.long(), req_of_row=req,
-                          row_in_req=rows - cu[req], temperature=t, seeds=seeds.long()[req],
-                          positions=positions.long(), top_k=k, min_p=mp, top_p=tp)
+def round1_columns(candidates: int) -> int:
+    """Round-1 float32 columns per row of a step with a cut: the statistics and
+    ``candidates`` (value, id) pairs."""
+    return STAT_COLUMNS + 2 * candidates
+
+
+def round1_bytes_per_row(candidates: int = DEFAULT_CANDIDATES) -> int:
+    """Bytes one rank sends per row in round 1 of a step with a cut."""
+    return round1_columns(candidates) * FLOAT_BYTES
+
+
+def hist_round_bytes() -> tuple[tuple[str, int], ...]:
+    """``(round, bytes one rank sends per escalated row)`` of the ``"hist"`` escalation,
+    without the whole-row slots its last round also carries."""
+    return (*((name, width * eb) for name, width, eb in HIST_ROUNDS),
+            (HIST_LAST_ROUND, HIST_STATS * FLOAT_BYTES))
 
 
 @dataclass(frozen=True)
@@ -256,10 +250,10 @@ class StepPlan:
     @property
     def round1_width(self) -> int:
         if self.all_greedy:
-            return 2
+            return GREEDY_COLUMNS
         if self.stats_only:
-            return 4
-        return STAT_COLUMNS + 2 * self.candidates
+            return STATS_ONLY_COLUMNS
+        return round1_columns(self.candidates)
 
     @property
     def rounds(self) -> tuple[Round, ...]:
@@ -268,13 +262,13 @@ class StepPlan:
         E = self.escalation_slots
         if E and self.escalation == "hist":
             out.extend(Round(name, E, width, eb) for name, width, eb in HIST_ROUNDS)
-            out.append(Round("hist-stats+rows", 1, E * HIST_STATS * FLOAT_BYTES
+            out.append(Round(HIST_LAST_ROUND, 1, E * HIST_STATS * FLOAT_BYTES
                              + self.row_fallback_slots * self.shard_width * self.logits_bytes,
                              1))
         elif E:
             out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
-            out.append(Round("residual", self.num_reqs, 2))
+            out.append(Round("residual", self.num_reqs, RESIDUAL_COLUMNS))
         return tuple(out)
 
     @property
@@ -362,9 +356,6 @@ def choose_escalation(slots: int, logits_bytes: int, probabilistic: bool,
         escalation = DEFAULT_ESCALATION
     return escalation, (fb if escalation == "hist" else 0)
 
-
-
-
 def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size: int,
                      num_rows: int, max_rows_per_req: int, shard_width: int | None = None,
                      probabilistic: bool = False, logits_bytes: int = 2,
@@ -396,16 +387,16 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
         if counter is not None:
             counter.record(fb)
         return fb
-    greedy = [float(_get(p, "temperature", 1.0) or 0.0) == 0.0 for p in sampling_params]
+    greedy = [float(param(p, "temperature", 1.0) or 0.0) == 0.0 for p in sampling_params]
     any_cut = may_escalate = uncut = False
     max_k = 0
     for p, g in zip(sampling_params, greedy):
         if g:
             continue
-        k = int(_get(p, "top_k", 0) or 0)
+        k = int(param(p, "top_k", 0) or 0)
         k = k if 0 < k < vocab_size else 0
-        mp = float(_get(p, "min_p", 0.0) or 0.0)
-        tp = _get(p, "top_p", 1.0)
+        mp = float(param(p, "min_p", 0.0) or 0.0)
+        tp = param(p, "top_p", 1.0)
         tp = 1.0 if tp is None else float(tp)
         cut = k > 0 or mp > 0 or tp < 1
         any_cut |= cut
@@ -420,28 +411,6 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      any_uncut_sampling=uncut, logits_bytes=logits_bytes,
                      candidates=candidates, escalation_slots=escalation_slots,
                      escalation=escalation, row_fallback_slots=row_fallback_slots)
-
-
-@dataclass
-class StepOutput:
-    """vLLM's ``(sampled, num_sampled)`` plus diagnostics (all device tensors)."""
-
-    sampled: torch.Tensor  # int64 [num_reqs, max_rows_per_req], -1 padded
-    num_sampled: torch.Tensor  # int32 [num_reqs]
-    #: float32 [rows]: accept margin (see :class:`~.batch.VerifyOutput`); NaN on greedy rows.
-    accept_margin: torch.Tensor
-    #: float64 [rows]: nucleus margin (NaN without top-p).
-    nucleus_margin: torch.Tensor
-    #: [rows], bool (int8 on the Triton path): the cut was not certified by round 1.
-    uncertified: torch.Tensor
-    #: [rows], bool or int8: uncertified and no escalation slot.
-    deferred: torch.Tensor
-    #: [num_reqs], bool or int8: this request stopped at a deferred row.
-    stopped: torch.Tensor
-
-    def tokens(self) -> list[list[int]]:
-        return [row[:n] for row, n in zip(self.sampled.tolist(), self.num_sampled.tolist())]
-
 
 
 class FallbackCounter:
