@@ -200,3 +200,21 @@ def test_group_coordinator_adapter_shapes():
     out = ag(x)
     assert out.shape == (4, 3, 2)
     assert torch.equal(out[2], x + 2)
+
+
+@pytest.mark.parametrize("top_k", [KIMI_V, KIMI_V + 1, -1, 0])
+def test_a_top_k_of_the_whole_vocabulary_is_no_cut(top_k):
+    """vLLM treats ``top_k >= V`` (and ``<= 0``) as off: the plan is the uncut one (one
+    stats-only all-gather, captured), never 128 candidates per row plus nothing certified,
+    and the step's device inputs carry 0 (planted ``0 < k <= vocab_size`` in the plan ->
+    a candidates round)."""
+    from vllm_kimi_ext.verify.step_io import StepInputs
+
+    plain = _plan([{"temperature": 1.0}] * 4)
+    assert _plan([{"temperature": 1.0, "top_k": top_k}] * 4) == plain
+    assert plain.stats_only and plain.candidates == 0 and plain.num_collectives == 1
+    one = torch.ones(1)
+    inp = StepInputs.from_requests(torch.tensor([0, 2]), torch.tensor([5, -1]), one,
+                                   torch.zeros(1, dtype=torch.long), torch.arange(2),
+                                   torch.tensor([top_k]), torch.zeros(1), one, KIMI_V)
+    assert inp.top_k.tolist() == [0, 0]
