@@ -257,7 +257,7 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
 
 
 def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
-    """The same step through the runner integration (``vllm_runner.sample_step``, the
+    """The same step through the runner integration (``ShardedSampler.sample``, the
     body of the ``GPUModelRunner.sample`` patch) with Kimi's sampling (T 1.0 / 0.6,
     top_p 0.95) on stand-ins of vLLM's runner objects, the real model's
     ``compute_logits_local`` and vLLM's real TP group; vLLM's two Triton helpers
@@ -275,7 +275,7 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         vllm_layout_batch,
     )
     from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
     from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 
     vocab = cfg.model_config.get_vocab_size()
@@ -284,7 +284,8 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
     runner = stand_in_runner(params, vocab=vocab, num_steps=drafts.shape[1])
     runner.model = model
     batch = vllm_layout_batch(drafts)
-    before = vllm_runner.FALLBACKS.as_dict()
+    sampler = ShardedSampler.of(runner)
+    before = sampler.telemetry.fallbacks.as_dict()
 
     def stock(*_a):
         raise AssertionError("an eligible step ran the stock sample")
@@ -295,8 +296,8 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         stack.enter_context(set_current_vllm_config(cfg))
         stack.enter_context(torch.no_grad())
         cc = stack.enter_context(CollectiveCounter())
-        out, num_sampled, _ = vllm_runner.sample_step(runner, stock, hidden, batch, None)
-    verifier = next(iter(runner.__dict__[vllm_runner._VERIFIERS_ATTR].values()))
+        out, num_sampled, _ = sampler.sample(stock, hidden, batch, None)
+    verifier = next(iter(sampler.verifiers.values()))
     states = runner.sampler.sampling_states
     ref = ReferenceVerifier(vocab).verify(full, VerifyBatch.from_draft_tokens(
         drafts, temps, states.seeds.gpu, positions=batch.positions, top_p=[0.95] * 3))
@@ -308,6 +309,6 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.rounds],
         "plan_bytes": verifier.last_plan.bytes_sent_per_rank,
         "new_fallbacks": {k: v - before.get(k, 0)
-                          for k, v in vllm_runner.FALLBACKS.as_dict().items()
+                          for k, v in sampler.telemetry.fallbacks.as_dict().items()
                           if v != before.get(k, 0)},
     }

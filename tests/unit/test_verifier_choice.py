@@ -11,7 +11,9 @@ from testkit.runner_stand_ins import stand_in_batch, stand_in_runner
 from vllm_kimi_ext.costmodel import verify_cost as vc
 from vllm_kimi_ext.costmodel.model import CostModel
 from vllm_kimi_ext.costmodel.report import PCIE
-from vllm_kimi_ext.integration import sharded_verify, verifier_choice
+from vllm_kimi_ext.integration import verifier_choice
+from vllm_kimi_ext.integration.sharded_verify import gate
+from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 from vllm_kimi_ext.integration.verifier_choice import TOP_P_MODES, VerifierChoice, step_mode
 from vllm_kimi_ext.verify.protocol import StepPlan, plan_from_params
 
@@ -130,7 +132,7 @@ def _gate(params, monkeypatch, setting=None, sharder=True):
         monkeypatch.setenv("VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF", setting)
     runner = stand_in_runner(params, vocab=V)
     runner.batch_sharder = object() if sharder else None
-    return sharded_verify.gate(runner, stand_in_batch(len(params)), None, TP, V)
+    return ShardedSampler(runner).plan(stand_in_batch(len(params)), None, TP, V)
 
 
 def test_the_gate_hands_large_top_p_steps_to_the_batch_sharder(monkeypatch, cm, meas):
@@ -138,14 +140,14 @@ def test_the_gate_hands_large_top_p_steps_to_the_batch_sharder(monkeypatch, cm, 
     below = _gate([THINKING] * (start - 1), monkeypatch)
     assert isinstance(below, StepPlan)
     at = _gate([THINKING] * start, monkeypatch)
-    assert not isinstance(at, StepPlan) and at.reason == sharded_verify.HANDED_OVER
-    assert at.reason in sharded_verify.NOT_FALLBACKS  # counted as handed over, not a fallback
+    assert not isinstance(at, StepPlan) and at.reason == gate.HANDED_OVER
+    assert at.reason in gate.NOT_FALLBACKS  # counted as handed over, not a fallback
     assert isinstance(_gate([GREEDY] * 64, monkeypatch), StepPlan)
     # without the batch sharder nothing is handed over
     assert isinstance(_gate([THINKING] * 64, monkeypatch, sharder=False), StepPlan)
     # the setting, read when the runner's choice is made
     assert isinstance(_gate([THINKING] * 64, monkeypatch, setting="off"), StepPlan)
-    assert _gate([THINKING] * 2, monkeypatch, setting="2").reason == sharded_verify.HANDED_OVER
+    assert _gate([THINKING] * 2, monkeypatch, setting="2").reason == gate.HANDED_OVER
 
 
 def test_the_cost_model_prices_both_on_as_the_plugin_runs_it(cm, meas):

@@ -24,6 +24,7 @@ step goes to batch-sharded sampling (what the user enabled), logged once.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -129,3 +130,22 @@ class VerifierChoice:
         top = None if n == 0 else n
         return cls(k, {**{m: top for m in TOP_P_MODES}, GREEDY_MODE: None, CUT_MODE: None},
                    "VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF=" + ("off" if n == 0 else str(n)))
+
+
+class VerifierChoices:
+    """One runner's :class:`VerifierChoice` per ``k`` drafts per step, made on first use
+    (``VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF`` is read then) and logged once."""
+
+    def __init__(self, log: logging.Logger | None = None):
+        self._by_k: dict[int, VerifierChoice] = {}
+        self._log = log or logging.getLogger("vllm_kimi_ext.verify")
+
+    def for_k(self, k: int) -> VerifierChoice:
+        if k not in self._by_k:
+            from vllm_kimi_ext import envs
+
+            self._by_k[k] = VerifierChoice.from_setting(envs.SHARDED_VERIFY_HANDOFF.get(), k)
+            self._log.info("vllm-kimi-ext sharded verification with "
+                           "--enable-batch-sharded-sampling: steps go to batch-sharded "
+                           "sampling per sampling mode, %s", self._by_k[k].describe())
+        return self._by_k[k]
