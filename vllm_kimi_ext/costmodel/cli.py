@@ -335,10 +335,11 @@ def check_mode_args(args, mode: str) -> None:
 
 def _run_verify_cost(args) -> int:
     from vllm_kimi_ext.costmodel import verify_cost
+    from vllm_kimi_ext.costmodel import verify_measured as vm
     from vllm_kimi_ext.costmodel.verify_report import BATCHES, verify_text
 
     cm, _ = _build(args)
-    meas = (verify_cost.load_report(args.verify_report) if args.verify_report is not None
+    meas = (vm.load_report(args.verify_report) if args.verify_report is not None
             else verify_cost.measurements())
     batches = BATCHES if args.batch in BATCHES else tuple(sorted((*BATCHES, args.batch)))
     print(verify_text(cm, meas, batches))

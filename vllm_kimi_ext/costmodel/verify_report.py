@@ -24,6 +24,7 @@ from pathlib import Path
 
 from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel import verify_cost as vc
+from vllm_kimi_ext.costmodel import verify_measured as vm
 from vllm_kimi_ext.costmodel.acceptance import from_draft_profile
 from vllm_kimi_ext.costmodel.catalog import DEFAULT_HARDWARE, load_draft
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
@@ -310,17 +311,17 @@ def main(argv: list[str] | None = None) -> int:
     docs = args.write_docs or args.check_docs
     try:
         if args.report is not None:
-            meas = vc.load_report(args.report)
+            meas = vm.load_report(args.report)
         else:
             check = bool(args.check_docs)
             root = docs.resolve().parent
             stale = [sync_package_copy(root / name, check, dst) for name, dst in (
-                (vc.REPORT_NAME, vc.DEFAULT_REPORT),
-                (vc.HIST_REPORT_NAME, vc.DEFAULT_HIST_REPORT))]
+                (vc.REPORT_NAME, vm.DEFAULT_REPORT),
+                (vc.HIST_REPORT_NAME, vm.DEFAULT_HIST_REPORT))]
             if any(stale) and check:
                 return 1
             meas = vc.measurements()
-    except vc.VerifyReportError as exc:
+    except vm.VerifyReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     expected = generated(docs, meas)
@@ -351,8 +352,8 @@ def sync_package_copy(report: Path, check: bool = False, dst: Path | None = None
     package copy is left as it is."""
     if not report.is_file():
         return False
-    vc.load_report(report)  # a malformed report is refused before anything is written
-    data, dst = report.read_bytes(), (vc.DEFAULT_REPORT if dst is None else dst)
+    vm.load_report(report)  # a malformed report is refused before anything is written
+    data, dst = report.read_bytes(), (vm.DEFAULT_REPORT if dst is None else dst)
     if dst.is_file() and dst.read_bytes() == data:
         return False
     if check:
