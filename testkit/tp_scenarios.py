@@ -164,6 +164,7 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
 
     import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.verify_hist_step import HistVerifyStep, hist_plan
     from testkit.verify_simulate import as_verify_output
     from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
@@ -217,11 +218,15 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
         out_p = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab), kimi_plan)
     ref_p = ReferenceVerifier(vocab).verify(full, top_p_batch)
     top_p_escalations = {}
-    for esc in ("rows", "hist"):  # the same step with each escalation, counted
-        esc_plan = plan_from_params(kimi, escalation_slots=rows, escalation=esc, **shape)
+    hist_step = HistVerifyStep(vocab, tp, get_tensor_model_parallel_rank(),
+                               group_coordinator_all_gather(get_tp_group()),
+                               shard_width=local.shape[-1])
+    for esc, esc_step in (("rows", step), ("hist", hist_step)):  # each escalation, counted
+        esc_plan = plan_from_params(kimi, escalation_slots=rows, **shape)
+        esc_plan = hist_plan(esc_plan) if esc == "hist" else esc_plan
         with CollectiveCounter() as cc_e, cc_e.phase("verify"):
-            out_e = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab),
-                             esc_plan)
+            out_e = esc_step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab),
+                                 esc_plan)
         top_p_escalations[esc] = {
             "sent": [(c.name, c.rows, c.width, c.element_bytes) for c in esc_plan.rounds],
             "counted": cc_e.summary(),

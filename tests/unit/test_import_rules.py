@@ -121,8 +121,7 @@ def _literal(node: ast.AST):
 def _derived_values() -> list:
     """The contract's values and the sizes derived from it that a mirror would copy."""
     vals = [v for v in _contract_constants().values() if _distinctive(v)]
-    vals += [protocol.round1_bytes_per_row(), protocol.hist_round_bytes(),
-             tuple(protocol.TOP_P_MODES)]
+    vals += [protocol.round1_bytes_per_row(), tuple(protocol.TOP_P_MODES)]
     return vals
 
 
@@ -208,9 +207,8 @@ def test_more_plants_of_the_two_subtle_rules():
     product["verify/step_torch.py"] += "\nfrom .reference import sampling_keep_mask\n"
     assert any("imports the oracle" in h for h in reference_apart(product))
     renamed = dict(sources)
-    renamed["costmodel/verify_cost.py"] += ("\nESC_BYTES = ((\"hist-coarse\", 256 * 8), "
-                                            "(\"hist-boundary\", 256 * 4), "
-                                            "(\"hist-stats+rows\", 4 * 4))\n")
+    renamed["costmodel/verify_cost.py"] += ("\nESC_BYTES = {\"top_p_T1\": 1.0, "
+                                            "\"top_p_T0.6\": 0.6}\n")
     renamed["integration/verifier_choice.py"] += "\nTOP_P_MODES = {'top_p_T1': 1.0}\n"
     hits = mirrors(renamed)
     assert any("ESC_BYTES" in h for h in hits) and any("TOP_P_MODES" in h for h in hits)

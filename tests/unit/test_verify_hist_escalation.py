@@ -1,4 +1,4 @@
-"""The histogram escalation (``StepPlan.escalation == "hist"``, ``verify/step_hist.py``)
+"""The histogram escalation (``testkit/verify_hist_step.py``: measured slower, not shipped)
 equals the full-logits reference token for token under shared random draws at Kimi's
 V = 163840 over 8 simulated shards (the escalation pins run it too:
 ``test_verify_escalation_pins.py``). Rows it cannot cut exactly (top-k forced into the
@@ -14,11 +14,11 @@ import torch
 from testkit.verify_cases import PIN_V, ties_past_the_cut
 from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step
+from testkit.verify_hist_step import key_values, ordered_key16
 from testkit.verify_simulate import simulate_graph_step
 from vllm_kimi_ext.verify import VerifyBatch, step_torch
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
 from vllm_kimi_ext.verify.rowmath import scale_logits
-from vllm_kimi_ext.verify.step_hist import key_values, ordered_key16
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -36,9 +36,11 @@ def test_many_steps_replay_equal_to_eager_and_outputs_are_copies():
 def test_hist_escalation_replays_equal_to_eager(monkeypatch):
     """The histogram escalation inside the captured steps (the stand-in replays it on the
     static buffers): fixed shapes, no host read."""
+    import testkit.verify_hist_step as hs
+
     calls = []
-    real = gs.escalate_hist
-    monkeypatch.setattr(gs, "escalate_hist", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = hs.escalate_hist
+    monkeypatch.setattr(hs, "escalate_hist", lambda *a, **k: calls.append(1) or real(*a, **k))
     rep = replay_steps(40, max_reqs=8, capture_sizes=(2, 4, 8), seed=11, escalation="hist")
     assert rep.steps == rep.replayed == 40 and rep.uncaptured == {}
     assert rep.escalated_rows > 0 and calls

@@ -217,19 +217,6 @@ def _cached(path: str, mtime_ns: int) -> VerifyMeasurements:
     return load_report(path)
 
 
-#: The same benchmark run with ``--escalation hist`` (k = 3, Kimi's two top-p modes): the
-#: step with the histogram escalation; the package reads its copy under ``profiles/verify/``.
-HIST_REPORT_NAME = "bench/reports/verify_hist_h200.json"
-DEFAULT_HIST_REPORT = Path(str(resources.files("vllm_kimi_ext.costmodel").joinpath(
-    "profiles", "verify", "verify_hist_h200.json")))
-
-
-def hist_measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
-    """The histogram escalation's measured report (default :data:`DEFAULT_HIST_REPORT`), or
-    None when it does not exist."""
-    return measurements(path if path is not None else DEFAULT_HIST_REPORT)
-
-
 def measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
     """The measured report (default: :data:`DEFAULT_REPORT`), or None when it does not
     exist. A report that exists but is malformed raises :class:`VerifyReportError`."""

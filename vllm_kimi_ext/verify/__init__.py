@@ -20,10 +20,8 @@ never imported here: the glue that runs inside vLLM's model runner is
 * :mod:`.step_torch` / :mod:`._graph_kernels` / :mod:`._escalate_kernels`: the torch and
   Triton implementations of the step's stages (one rule picks one,
   :func:`.ranks.use_triton`); :mod:`.kernels` / :mod:`._triton_kernels`: the fused
-  shard statistics and the shared Triton helpers; :mod:`.step_hist`: the histogram
-  escalation (``StepPlan.escalation == "hist"``: the exact top-p / min-p cut of bf16 rows
-  from three small all-gathers instead of whole shard rows; opt-in: measured slower on a
-  GPU than the whole-row default);
+  shard statistics and the shared Triton helpers; :mod:`.rowmath`: the row math of the
+  torch stages (the product's only: the oracle computes its own);
 * :mod:`.ranks`: the shard geometry and the ``all_gather`` adapters
   (``torch.distributed``, vLLM's ``GroupCoordinator``, a counting wrapper);
 * :mod:`.reference`: :class:`ReferenceVerifier`, vLLM's standard rejection rules on full

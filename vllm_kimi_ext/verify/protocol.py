@@ -61,32 +61,13 @@ STAT_COLUMNS = 5
 DEFAULT_CANDIDATES = 128
 FLOAT_BYTES = 4
 
-#: Escalation kinds (a :class:`StepPlan` field): ``"rows"`` gathers the picked rows' whole
-#: shard rows; ``"hist"`` exchanges histograms of 16-bit float rows
-#: (:mod:`.step_hist`) and keeps ``row_fallback_slots`` whole-row slots for the rows it
-#: cannot cut exactly.
-ESCALATIONS = ("rows", "hist")
-#: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
-DEFAULT_ROW_FALLBACK_SLOTS = 1
-#: The escalation a plan gets unless the caller names one. ``"rows"``: measured on one H200
-#: (``bench/reports/verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3,
-#: Kimi's top-p modes, CUDA graphs) the step with ``"hist"`` took 674-1,224 us per rank at
-#: 4-256 rows against 43-274 us with ``"rows"``, so its smaller exchange (3,088 B instead
-#: of 40,960 B per escalated row per rank) does not pay for its compute; ``"hist"`` stays
-#: selectable (``escalation="hist"``) and is not the default anywhere.
-DEFAULT_ESCALATION = "rows"
-#: The ``"hist"`` escalation's all-gathers per picked row and rank, as
-#: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
-#: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte). Then
-#: one all-gather of bytes: the shard statistics under the found cut and the whole-row
-#: slots. :mod:`.step_hist` allocates exactly these.
-HIST_BINS = 256
-KEYS_PER_BIN = 256
-HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4))
-#: Round 3's statistics per picked row (float32); the round is sent as bytes together with
-#: the whole-row slots' shard rows.
-HIST_STATS = 4
-HIST_LAST_ROUND = "hist-stats+rows"
+#: Escalation kinds the package ships (:attr:`StepPlan.escalation`): ``"rows"`` gathers the
+#: picked uncertified rows' whole shard rows. A histogram escalation (three small
+#: all-gathers instead of a shard row) was built and measured on one H200 at 674-1,224 us
+#: per rank at 4-256 rows against 43-274 us for ``"rows"`` (``bench/reports/
+#: verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3, Kimi's top-p
+#: modes, CUDA graphs); it lives in the test kit (``testkit/verify_hist_step.py``), not here.
+ESCALATIONS = ("rows",)
 #: The residual round's float32 columns per request: the Gumbel-max (value, id).
 RESIDUAL_COLUMNS = 2
 
@@ -191,12 +172,6 @@ def round1_bytes_per_row(candidates: int = DEFAULT_CANDIDATES) -> int:
     return round1_columns(candidates) * FLOAT_BYTES
 
 
-def hist_round_bytes() -> tuple[tuple[str, int], ...]:
-    """``(round, bytes one rank sends per escalated row)`` of the ``"hist"`` escalation,
-    without the whole-row slots its last round also carries."""
-    return (*((name, width * eb) for name, width, eb in HIST_ROUNDS),
-            (HIST_LAST_ROUND, HIST_STATS * FLOAT_BYTES))
-
 
 @dataclass(frozen=True)
 class Round:
@@ -236,10 +211,11 @@ class StepPlan:
     probabilistic: bool
     shard_width: int
     logits_bytes: int = 2
-    #: How uncertified rows are cut (one of :data:`ESCALATIONS`).
-    escalation: str = "rows"
-    #: Whole-row slots inside a ``"hist"`` escalation (rows it cannot cut exactly).
-    row_fallback_slots: int = 0
+
+    @property
+    def escalation(self) -> str:
+        """How uncertified rows are cut (one of :data:`ESCALATIONS`)."""
+        return "rows"
 
     @property
     def stats_only(self) -> bool:
@@ -260,12 +236,7 @@ class StepPlan:
         out = [Round("stats" if self.stats_only else "stats+candidates", self.num_rows,
                      self.round1_width)]
         E = self.escalation_slots
-        if E and self.escalation == "hist":
-            out.extend(Round(name, E, width, eb) for name, width, eb in HIST_ROUNDS)
-            out.append(Round(HIST_LAST_ROUND, 1, E * HIST_STATS * FLOAT_BYTES
-                             + self.row_fallback_slots * self.shard_width * self.logits_bytes,
-                             1))
-        elif E:
+        if E:
             out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
             out.append(Round("residual", self.num_reqs, RESIDUAL_COLUMNS))
@@ -288,7 +259,7 @@ class StepPlan:
     def escalation_bytes_per_rank(self) -> int:
         """Bytes each rank sends in the escalation's rounds."""
         return sum(r.bytes_per_rank for r in self.rounds
-                   if r.name == "escalation" or r.name.startswith("hist-"))
+                   if r.name == "escalation")
 
     @property
     def bytes_per_escalated_row_per_rank(self) -> float:
@@ -309,9 +280,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
               max_rows_per_req: int, all_greedy: bool, any_cut: bool, max_top_k: int = 0,
               may_escalate: bool = False, probabilistic: bool = False,
               any_uncut_sampling: bool = False, candidates: int | None = None,
-              escalation_slots: int | None = None, logits_bytes: int = 2,
-              escalation: str | None = None,
-              row_fallback_slots: int | None = None) -> StepPlan:
+              escalation_slots: int | None = None, logits_bytes: int = 2) -> StepPlan:
     """The step plan from host-known facts of the batch.
 
     ``any_cut``: some sampling row has top-k, min-p or top-p; ``max_top_k``: the
@@ -319,11 +288,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     top-p or min-p without top-k (its kept set may exceed the candidates);
     ``any_uncut_sampling``: some sampling row has no cut (probabilistic drafts then
     need the residual round). ``escalation_slots`` defaults to the number of
-    requests (every request's first row has a slot). ``escalation`` (one of
-    :data:`ESCALATIONS`) defaults to :data:`DEFAULT_ESCALATION` (``"rows"``, measured faster);
-    ``"hist"`` needs 16-bit logits and one-hot drafts;
-    ``row_fallback_slots`` (``"hist"`` only) defaults to
-    :data:`DEFAULT_ROW_FALLBACK_SLOTS`.
+    requests (every request's first row has a slot).
     """
     w = 0
     if any_cut and not all_greedy:
@@ -333,28 +298,13 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     if may_escalate and not all_greedy:
         e = max(num_reqs, escalation_slots or 0)
         e = min(e, num_rows)
-    esc, fb = choose_escalation(e, logits_bytes, probabilistic, escalation, row_fallback_slots)
     return StepPlan(tp_size=tp_size, num_rows=num_rows, num_reqs=num_reqs,
                     max_rows_per_req=max_rows_per_req, candidates=w, escalation_slots=e,
                     all_greedy=all_greedy,
                     residual_round=probabilistic and not all_greedy and any_uncut_sampling,
                     probabilistic=probabilistic, shard_width=shard_width,
-                    logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb)
+                    logits_bytes=logits_bytes)
 
-
-def choose_escalation(slots: int, logits_bytes: int, probabilistic: bool,
-                      escalation: str | None, row_fallback_slots: int | None) -> tuple[str, int]:
-    """``(escalation, row_fallback_slots)`` of a plan with ``slots`` escalation slots."""
-    if escalation is not None and escalation not in ESCALATIONS:
-        raise ValueError(f"escalation must be one of {ESCALATIONS}, got {escalation!r}")
-    exact = logits_bytes == 2 and not probabilistic
-    if escalation == "hist" and not exact and slots:
-        raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
-    fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
-    fb = max(0, min(fb, slots))
-    if escalation is None:
-        escalation = DEFAULT_ESCALATION
-    return escalation, (fb if escalation == "hist" else 0)
 
 def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size: int,
                      num_rows: int, max_rows_per_req: int, shard_width: int | None = None,
@@ -362,8 +312,7 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      custom_logits_processors: bool = False, top_p_sharded: bool = True,
                      counter: FallbackCounter | None = None,
                      candidates: int | None = None,
-                     escalation_slots: int | None = None, escalation: str | None = None,
-                     row_fallback_slots: int | None = None) -> StepPlan | Fallback:
+                     escalation_slots: int | None = None) -> StepPlan | Fallback:
     """The step's :class:`StepPlan`, or the :class:`Fallback` that sends it to the full
     logits gather, from the requests' sampling parameters (host objects: no device read).
 
@@ -409,8 +358,7 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      all_greedy=all(greedy), any_cut=any_cut, max_top_k=max_k,
                      may_escalate=may_escalate, probabilistic=probabilistic,
                      any_uncut_sampling=uncut, logits_bytes=logits_bytes,
-                     candidates=candidates, escalation_slots=escalation_slots,
-                     escalation=escalation, row_fallback_slots=row_fallback_slots)
+                     candidates=candidates, escalation_slots=escalation_slots)
 
 
 class FallbackCounter:
