@@ -6,33 +6,21 @@ its rounds are the plan's, its step is priced from its measured report, and the 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from testkit import verify_hist_prices as hp
 from testkit.verify_hist_step import hist_plan
+from tests.unit.test_costmodel_verify_cost import FIXTURE, REPO, V, _write
 from vllm_kimi_ext.costmodel import verify_cost as vc
 from vllm_kimi_ext.costmodel import verify_measured as vm
 from vllm_kimi_ext.costmodel.model import CostModel
 from vllm_kimi_ext.verify.protocol import plan_from_params
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURE = Path(__file__).parent / "fixtures" / "verify_graph_fixture.json"
-V = 163840
-
 
 @pytest.fixture(scope="module")
 def cm():
-    return CostModel.build("rtx-pro-6000-pcie-x8")
-
-
-def _write(tmp_path: Path, doc) -> Path:
-    import json
-
-    p = tmp_path / "report.json"
-    p.write_text(json.dumps(doc))
-    return p
+    return CostModel.build()
 
 
 def test_escalation_bytes_match_the_product_plan(cm):
