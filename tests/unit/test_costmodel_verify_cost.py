@@ -352,6 +352,11 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
     (root / "docs" / "cost-model.md").write_text((REPO / "docs" / "cost-model.md").read_text())
     packaged = tmp_path / "package" / "verify_graph_vs_vllm_h200.json"
     monkeypatch.setattr(vm, "DEFAULT_REPORT", packaged)
+    # the serving side's thresholds are written too: to a copy, never into the package
+    import vllm_kimi_ext.costmodel.verify_report as vr
+
+    handover = tmp_path / "package" / "handover.json"
+    monkeypatch.setattr(vr, "HANDOVER_DATA", handover)
     docs = str(root / "docs")
     # without any report the block differs from the committed one iff that was generated
     # from the measured report
@@ -363,6 +368,7 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
     assert main(["--write-docs", docs]) == 0
     assert packaged.read_bytes() == bench.read_bytes()
     assert main(["--check-docs", docs]) == 0
+    assert handover.is_file() and '"priced": true' in handover.read_text()
     assert "wins from batch" in (root / "docs" / "cost-model.md").read_text()
     assert (root / "docs" / "img" / "costmodel-verify.png").is_file()
     bench.write_text("{")  # a broken report: refused, the package copy left as it was
