@@ -332,7 +332,7 @@ def lint(session: nox.Session) -> None:
     _require_env(session)
     if subprocess.run([_py(), "-m", "ruff", "--version"], capture_output=True).returncode:
         _pip(session, "ruff")
-    session.run(_py(), "-m", "ruff", "check", "vllm_kimi_ext", "tests", "bench",
+    session.run(_py(), "-m", "ruff", "check", "vllm_kimi_ext", "tests", "bench", "testkit",
                 "noxfile.py", external=True)
     _pytest(session, "tests/unit/test_upstream_notes.py", "tests/unit/test_runtime_layout.py",
             "tests/unit/test_envs.py", "-q")

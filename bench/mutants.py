@@ -58,23 +58,19 @@ PACKAGES: dict[str, Package] = {
         # kernels have their own package below, with the interpreter test)
         exclude=("vllm_kimi_ext/verify/_triton_kernels.py",
                  "vllm_kimi_ext/verify/_graph_kernels.py",
-                 "vllm_kimi_ext/verify/_escalate_kernels.py",
-                 "vllm_kimi_ext/verify/_hist_kernels.py"),
+                 "vllm_kimi_ext/verify/_escalate_kernels.py"),
         tests=("tests/unit/test_mutants_verify.py", "tests/unit/test_verify_plan.py",
                "tests/unit/test_verify_graph_step.py", "tests/unit/test_verify_step_graphs.py",
                "tests/unit/test_verify_escalation_pins.py", "tests/unit/test_verify_hashing.py",
-               "tests/unit/test_verify_hist_escalation.py",
                "tests/unit/test_sharded_verify_runner_glue.py",
                "tests/unit/test_verify_equivalence.py", "tests/unit/test_verify_kernels.py",
                "tests/unit/test_verify_top_p.py", "tests/vllm/test_planted_gates.py"),
         pytest_args=("-k", "not interpreter and not follow_the_nucleus and not chi_square"),
         timeout_s=600.0),
-    # The split bf16 escalation and the histogram escalation's shard passes (their Triton
-    # kernels run by Triton's CPU interpreter: about 4 minutes per mutant on a shared
-    # 2-core machine).
+    # The split bf16 escalation (its Triton kernels run by Triton's CPU interpreter: about
+    # 4 minutes per mutant on a shared 2-core machine).
     "verify_escalation": Package(
-        paths=("vllm_kimi_ext/verify/_escalate_kernels.py",
-               "vllm_kimi_ext/verify/_hist_kernels.py"),
+        paths=("vllm_kimi_ext/verify/_escalate_kernels.py",),
         tests=("tests/unit/test_verify_escalation_interpreter.py",),
         timeout_s=1200.0),
     # The per-step choice between the sharded verifier and vLLM's batch-sharded sampling.

@@ -1,12 +1,12 @@
 """Stand-ins for the vLLM 0.34.0 objects the sharded-verification gate reads
-(:mod:`vllm_kimi_ext.integration.sharded_verify`), without building a model runner.
+(:mod:`vllm_kimi_ext.integration.sharded_verify.gate`), without building a model runner.
 
 Each stand-in is a plain namespace whose type carries the ``module.qualname`` of the
 vLLM class it stands for, so the gate's exact-type allow-lists
-(:data:`~vllm_kimi_ext.integration.sharded_verify.GATE_TYPES`) accept it as that class, and
-it carries exactly the attributes :data:`~vllm_kimi_ext.integration.sharded_verify.GATE_ATTRIBUTES`
-names (plus what the sharded path reads), so deleting any one of them is a
-realistic "upstream renamed it" case.
+(:data:`~vllm_kimi_ext.integration.sharded_verify.gate.GATE_TYPES`) accept it as that
+class, and it carries exactly the attributes
+:data:`~vllm_kimi_ext.integration.sharded_verify.gate.GATE_ATTRIBUTES` names (plus what the
+sharded path reads), so deleting any one of them is a realistic "upstream renamed it" case.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+from vllm_kimi_ext.integration.sharded_verify.gate import remember_sampling_params
 
 _CLASSES: dict[str, type] = {}
 _GPU = "vllm.v1.worker.gpu"
@@ -68,7 +68,7 @@ def stand_in_runner(params: list[Any], *, vocab: int = 1000, num_steps: int = 3,
         logits_processors=list(processors) if processors is not None else [
             stand_in(LOGIT_BIAS), stand_in(PENALTIES), stand_in(BAD_WORDS)])
     for i, p in enumerate(params):
-        vllm_runner.remember_sampling_params(sampler, i, p)
+        remember_sampling_params(sampler, i, p)
     cache = None
     if draft_logits is not None:
         cache = stand_in(f"{_GPU}.spec_decode.draft_logits.DraftLogitsCache",

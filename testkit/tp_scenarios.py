@@ -164,6 +164,7 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
     from vllm.distributed import get_tensor_model_parallel_rank, get_tp_group
 
     import vllm_kimi_ext.runtime  # noqa: F401 - registers the patch CollectiveCounter installs
+    from testkit.verify_hist_step import HistVerifyStep, hist_plan
     from testkit.verify_simulate import as_verify_output
     from testkit.vllm_cpu import compute_logits, run_forward
     from vllm_kimi_ext.comm import CollectiveCounter
@@ -217,11 +218,15 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
         out_p = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab), kimi_plan)
     ref_p = ReferenceVerifier(vocab).verify(full, top_p_batch)
     top_p_escalations = {}
-    for esc in ("rows", "hist"):  # the same step with each escalation, counted
-        esc_plan = plan_from_params(kimi, escalation_slots=rows, escalation=esc, **shape)
+    hist_step = HistVerifyStep(vocab, tp, get_tensor_model_parallel_rank(),
+                               group_coordinator_all_gather(get_tp_group()),
+                               shard_width=local.shape[-1])
+    for esc, esc_step in (("rows", step), ("hist", hist_step)):  # each escalation, counted
+        esc_plan = plan_from_params(kimi, escalation_slots=rows, **shape)
+        esc_plan = hist_plan(esc_plan) if esc == "hist" else esc_plan
         with CollectiveCounter() as cc_e, cc_e.phase("verify"):
-            out_e = step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab),
-                             esc_plan)
+            out_e = esc_step.run(local, StepInputs.from_layout(top_p_batch.layout(), vocab),
+                                 esc_plan)
         top_p_escalations[esc] = {
             "sent": [(c.name, c.rows, c.width, c.element_bytes) for c in esc_plan.rounds],
             "counted": cc_e.summary(),
@@ -257,7 +262,7 @@ def sharded_verify_on_model(model, cfg, seed: int = 7) -> dict:
 
 
 def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
-    """The same step through the runner integration (``vllm_runner.sample_step``, the
+    """The same step through the runner integration (``ShardedSampler.sample``, the
     body of the ``GPUModelRunner.sample`` patch) with Kimi's sampling (T 1.0 / 0.6,
     top_p 0.95) on stand-ins of vLLM's runner objects, the real model's
     ``compute_logits_local`` and vLLM's real TP group; vLLM's two Triton helpers
@@ -275,7 +280,7 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         vllm_layout_batch,
     )
     from vllm_kimi_ext.comm import CollectiveCounter
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
     from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
 
     vocab = cfg.model_config.get_vocab_size()
@@ -284,7 +289,8 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
     runner = stand_in_runner(params, vocab=vocab, num_steps=drafts.shape[1])
     runner.model = model
     batch = vllm_layout_batch(drafts)
-    before = vllm_runner.FALLBACKS.as_dict()
+    sampler = ShardedSampler.of(runner)
+    before = sampler.telemetry.fallbacks.as_dict()
 
     def stock(*_a):
         raise AssertionError("an eligible step ran the stock sample")
@@ -295,8 +301,8 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         stack.enter_context(set_current_vllm_config(cfg))
         stack.enter_context(torch.no_grad())
         cc = stack.enter_context(CollectiveCounter())
-        out, num_sampled, _ = vllm_runner.sample_step(runner, stock, hidden, batch, None)
-    verifier = next(iter(runner.__dict__[vllm_runner._VERIFIERS_ATTR].values()))
+        out, num_sampled, _ = sampler.sample(stock, hidden, batch, None)
+    verifier = next(iter(sampler.verifiers.values()))
     states = runner.sampler.sampling_states
     ref = ReferenceVerifier(vocab).verify(full, VerifyBatch.from_draft_tokens(
         drafts, temps, states.seeds.gpu, positions=batch.positions, top_p=[0.95] * 3))
@@ -308,6 +314,6 @@ def _runner_path_step(model, cfg, hidden, full, drafts) -> dict:
         "sent": [(c.name, c.rows, c.width) for c in verifier.last_plan.rounds],
         "plan_bytes": verifier.last_plan.bytes_sent_per_rank,
         "new_fallbacks": {k: v - before.get(k, 0)
-                          for k, v in vllm_runner.FALLBACKS.as_dict().items()
+                          for k, v in sampler.telemetry.fallbacks.as_dict().items()
                           if v != before.get(k, 0)},
     }

@@ -57,7 +57,7 @@ PIN_V = 211
 
 
 def _first_row_positions(drafts: torch.Tensor, n: int, top_p: float) -> torch.Tensor:
-    from vllm_kimi_ext.verify.step_plan import StepInputs
+    from vllm_kimi_ext.verify.step_io import StepInputs
 
     b = VerifyBatch.from_draft_tokens(drafts, [1.0] * n, list(range(n)), top_p=[top_p] * n)
     rows_per = drafts.shape[1] + 1

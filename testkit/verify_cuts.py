@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_kimi_ext.verify.reference import exclusive_cumsum, min_p_threshold, nucleus_margin
+from vllm_kimi_ext.verify.rowmath import exclusive_cumsum, min_p_threshold, nucleus_margin
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")

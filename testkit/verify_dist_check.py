@@ -23,7 +23,7 @@ from vllm_kimi_ext.verify.batch import VerifyBatch
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 from vllm_kimi_ext.verify.ranks import CountingAllGather, torch_distributed_all_gather
 from vllm_kimi_ext.verify.reference import ReferenceVerifier
-from vllm_kimi_ext.verify.step_plan import StepInputs
+from vllm_kimi_ext.verify.step_io import StepInputs
 
 
 def scenarios(vocab_size: int = 1001, num_reqs: int = 48, k: int = 3):

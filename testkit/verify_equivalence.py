@@ -19,7 +19,8 @@ import torch
 
 from vllm_kimi_ext.verify.batch import VerifyBatch, VerifyOutput
 from vllm_kimi_ext.verify.hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
-from vllm_kimi_ext.verify.reference import ReferenceVerifier, residual_log_weights
+from vllm_kimi_ext.verify.reference import ReferenceVerifier
+from vllm_kimi_ext.verify.rowmath import residual_log_weights
 
 
 @dataclass

@@ -30,7 +30,7 @@ from vllm_kimi_ext.verify import _escalate_kernels as ek
 from vllm_kimi_ext.verify import _graph_kernels as gk
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
-from vllm_kimi_ext.verify.step_plan import StepInputs
+from vllm_kimi_ext.verify.step_io import StepInputs
 from vllm_kimi_ext.verify.step_torch import _gumbel_at
 
 V = 211

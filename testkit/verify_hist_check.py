@@ -1,16 +1,17 @@
-"""The graph step's histogram escalation (``StepPlan.escalation == "hist"``,
-``verify/step_hist.py``) on the Triton backend, run by Triton's CPU interpreter: the
-Triton merge (int8 flags), shard statistics and decision around the histogram rounds.
-With 2 candidates per rank every cut escalates; each case must equal the full-logits
-reference on every rank (``check_graph_step`` asserts it).
+"""The graph step's histogram escalation (``testkit/verify_hist_step.py``, not shipped) on
+the Triton backend, run by Triton's CPU interpreter: the Triton merge (int8 flags), shard
+statistics and decision around the histogram rounds. With 2 candidates per rank every cut
+escalates; each case must equal the full-logits reference on every rank
+(``check_graph_step`` asserts it).
 
     TRITON_INTERPRET=1 python -m testkit.verify_hist_check [CASE ...]
 
 (``CASE``: a case name below or ``kernels``; default: all.)
 
-On the Triton backend the histogram rounds' shard passes are ``_hist_kernels``; their
-torch twins are compared on their own rows too. Prints a JSON summary: per case the
-escalated rows, the deferred rows and the first rows' deferral; the kernels' agreement.
+On the Triton backend the histogram rounds' shard passes are
+``testkit/verify_hist_kernels.py``; their torch twins are compared on their own rows too.
+Prints a JSON summary: per case the escalated rows, the deferred rows and the first rows'
+deferral; the kernels' agreement.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ def edge_case():
 
 
 def kernel_twins() -> dict:
-    """``_hist_kernels``' two shard passes against their torch twins on bf16 rows with ties,
-    padding, a min-p cut, T 1.0 / 0.6 and 2,300 columns (two chunks): equal counts, masses
-    within 1e-12 relative."""
-    from vllm_kimi_ext.verify import _hist_kernels as hk
-    from vllm_kimi_ext.verify.reference import min_p_threshold, scale_logits
-    from vllm_kimi_ext.verify.step_hist import boundary_torch, coarse_torch
+    """The two shard passes of ``testkit/verify_hist_kernels.py`` against their torch twins
+    on bf16 rows with ties, padding, a min-p cut, T 1.0 / 0.6 and 2,300 columns (two
+    chunks): equal counts, masses within 1e-12 relative."""
+    from testkit import verify_hist_kernels as hk
+    from testkit.verify_hist_step import boundary_torch, coarse_torch
+    from vllm_kimi_ext.verify.rowmath import min_p_threshold, scale_logits
 
     g = torch.Generator().manual_seed(9)
     z = ((torch.randn(4, 2300, generator=g) * 2).round(decimals=1)).to(torch.bfloat16)

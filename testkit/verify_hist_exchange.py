@@ -1,5 +1,5 @@
 """A one-row model of the smaller escalation exchange, kept as a second oracle; the product's
-batched, graph-safe version is ``vllm_kimi_ext/verify/step_hist.py`` (no band: its coarse
+batched, graph-safe version is ``testkit/verify_hist_step.py`` (no band: its coarse
 bins cover every key; its last round also carries whole-row fallback slots).
 
 The whole-row escalation costs every rank one shard row per escalated row (V / TP values in

@@ -126,7 +126,8 @@ def _decide_both(gathered: torch.Tensor, L, V: int, tp: int):
     """The stats-only step's decision from gathered statistics: torch (merge + decide) and
     the Triton decide kernel; each ``(sampled, num_sampled, decision_row, margin)``."""
     from vllm_kimi_ext.verify import _triton_kernels as tk
-    from vllm_kimi_ext.verify.step_plan import StepInputs, plan_step
+    from vllm_kimi_ext.verify.protocol import plan_step
+    from vllm_kimi_ext.verify.step_io import StepInputs
     from vllm_kimi_ext.verify.step_torch import decide_merged_torch, merge_stats_torch
 
     inp = StepInputs.from_layout(L, V)

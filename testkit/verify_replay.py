@@ -17,7 +17,8 @@ import torch
 
 from vllm_kimi_ext.verify.batch import VerifyBatch
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
-from vllm_kimi_ext.verify.step_plan import StepInputs, plan_from_params
+from vllm_kimi_ext.verify.protocol import plan_from_params
+from vllm_kimi_ext.verify.step_io import StepInputs
 
 #: Sampling modes of a step: per-request parameters (cycled over the batch).
 MODES = {
@@ -65,12 +66,18 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
                  escalation: str | None = None) -> ReplayReport:
     """``num_steps`` steps, batch sizes drawn from ``sizes`` (default 1..max_reqs) and
     modes cycled; TP = 1 (the whole vocabulary is the shard: 128 candidates of ``V``, so
-    flat top-p rows escalate). ``escalation``: the one-hot plans' escalation (default: the
-    plan's own choice)."""
+    flat top-p rows escalate). ``escalation="hist"``: the one-hot plans take the test kit's
+    histogram escalation (default: the package's whole-row one)."""
     g = torch.Generator().manual_seed(seed)
-    step = GraphVerifyStep(V, 1, 0, lambda t: t[None], backend=backend)
-    graphs = StepGraphs(step, max_reqs=max_reqs, rows_per_req=k + 1,
-                        capture_sizes=capture_sizes, escalation=escalation)
+    step_cls, graphs_cls, as_plan = GraphVerifyStep, StepGraphs, (lambda p: p)
+    if escalation == "hist":
+        from testkit.verify_hist_step import HistStepGraphs, HistVerifyStep, hist_plan
+
+        step_cls, graphs_cls = HistVerifyStep, HistStepGraphs
+        as_plan = hist_plan
+    step = step_cls(V, 1, 0, lambda t: t[None], backend=backend)
+    graphs = graphs_cls(step, max_reqs=max_reqs, rows_per_req=k + 1,
+                        capture_sizes=capture_sizes)
     graphs.warm_up(torch.bfloat16, device, probabilistic=probabilistic, q_width=V)
     lo, hi = sizes or (1, max_reqs)
     rep = ReplayReport()
@@ -83,8 +90,8 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
         inp = StepInputs.from_layout(L, V)
         plan = plan_from_params(params, tp_size=1, vocab_size=V, num_rows=b.num_rows,
                                 max_rows_per_req=k + 1, shard_width=V,
-                                probabilistic=probabilistic,
-                                escalation=None if probabilistic else escalation)
+                                probabilistic=probabilistic)
+        plan = plan if probabilistic else as_plan(plan)
         q = None
         if probabilistic:
             q = torch.softmax(z.float() + torch.randn(z.shape, generator=g).to(device), dim=1)

@@ -5,12 +5,12 @@ collective semantics (every rank blocks until all have contributed, then all
 receive the same ``[TP, ...]`` stack), so the sharded verifier runs unchanged
 and any rank-divergent control flow deadlocks (reported as an error after a
 timeout) instead of silently passing. It also records every collective, for
-comparison with the step's :class:`~vllm_kimi_ext.verify.step_plan.StepPlan`.
+comparison with the step's :class:`~vllm_kimi_ext.verify.protocol.StepPlan`.
 
 :func:`plan_for_layout` is the test kit's plan builder: it reads a
 :class:`~vllm_kimi_ext.verify.batch.RowLayout`'s tensors on the host (the product plans
 from the requests' parameters with
-:func:`~vllm_kimi_ext.verify.step_plan.plan_from_params`, which never reads a device
+:func:`~vllm_kimi_ext.verify.protocol.plan_from_params`, which never reads a device
 value); :func:`simulate_sharded_verify` runs the product's
 :class:`~vllm_kimi_ext.verify.graph_step.GraphVerifyStep` on every simulated rank.
 """
@@ -25,8 +25,9 @@ import torch
 
 from vllm_kimi_ext.verify.batch import RowLayout, VerifyBatch, VerifyOutput
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
+from vllm_kimi_ext.verify.protocol import StepPlan, plan_step
 from vllm_kimi_ext.verify.ranks import AllGather
-from vllm_kimi_ext.verify.step_plan import StepInputs, StepOutput, StepPlan, plan_step
+from vllm_kimi_ext.verify.step_io import StepInputs, StepOutput
 
 
 class ThreadedGroup:
@@ -104,23 +105,30 @@ def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size:
                     escalation_slots: int | None = None, logits_bytes: int = 2,
                     escalation: str | None = None,
                     row_fallback_slots: int | None = None) -> StepPlan:
-    """:func:`~vllm_kimi_ext.verify.step_plan.plan_step` from a layout's tensors (host
-    reads: tests and benchmarks only)."""
-    m = L.host_modes(vocab_size)
+    """:func:`~vllm_kimi_ext.verify.protocol.plan_step` from a layout's tensors (host
+    reads: tests and benchmarks only). ``escalation="hist"``: the test kit's histogram
+    escalation (:func:`testkit.verify_hist_step.hist_plan`) with ``row_fallback_slots``."""
     r = L.req_of_row
     k = L.effective_top_k(vocab_size)[r]
     mp = L.effective_min_p()[r]
     tp = L.effective_top_p()[r]
     sampling = L.temperature > 0
     cut = sampling & ((k > 0) | (mp > 0) | (tp < 1))
-    return plan_step(
+    if escalation not in (None, "rows", "hist"):
+        raise ValueError(f"escalation must be 'rows' or 'hist', got {escalation!r}")
+    plan = plan_step(
         tp_size=tp_size, shard_width=shard_width, num_rows=L.num_rows, num_reqs=L.num_reqs,
-        max_rows_per_req=L.max_rows_per_req, all_greedy=m.all_greedy,
+        max_rows_per_req=L.max_rows_per_req,
+        all_greedy=bool((L.temperature_per_req() == 0).all()),
         any_cut=bool(cut.any()), max_top_k=int(k.max()) if L.num_rows else 0,
         may_escalate=bool((cut & (k == 0) & ((tp < 1) | (mp > 0))).any()),
         probabilistic=probabilistic, any_uncut_sampling=bool((sampling & ~cut).any()),
-        candidates=candidates, escalation_slots=escalation_slots, logits_bytes=logits_bytes,
-        escalation=escalation, row_fallback_slots=row_fallback_slots)
+        candidates=candidates, escalation_slots=escalation_slots, logits_bytes=logits_bytes)
+    if escalation == "hist":
+        from testkit.verify_hist_step import hist_plan
+
+        return hist_plan(plan, row_fallback_slots)
+    return plan
 
 
 def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,
@@ -134,6 +142,11 @@ def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,
     L = batch.layout()
     inp = StepInputs.from_layout(L, vocab_size)
     plans = {}
+
+    if plan_kw.get("escalation") == "hist" and step_cls is GraphVerifyStep:
+        from testkit.verify_hist_step import HistVerifyStep
+
+        step_cls = HistVerifyStep
 
     def fn(rank, ag) -> StepOutput:
         step = step_cls(vocab_size, tp_size, rank, ag, shard_width=shard_width, backend=backend)

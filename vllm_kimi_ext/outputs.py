@@ -11,8 +11,7 @@ disk recognised whichever library reports it.
   on device (os error 28)")``, not an ``OSError``; :func:`save_safetensors` turns it
   into ``OSError(ENOSPC)`` naming the file, so that
   :func:`~vllm_kimi_ext.user_input.disk_full_refusal` names the path and the space.
-- **Strict JSON.** :func:`strict` makes every non-finite float ``None`` (JSON has no NaN
-  or Infinity); the cost model and the training commands share it.
+- **Strict JSON** lives in :mod:`vllm_kimi_ext.jsonsafe` (``strict``).
 
 Standard library only (safetensors is imported by :func:`save_safetensors` alone).
 """
@@ -20,15 +19,13 @@ Standard library only (safetensors is imported by :func:`save_safetensors` alone
 from __future__ import annotations
 
 import errno
-import math
 import os
 import threading
 from pathlib import Path
-from typing import Any
 
 from vllm_kimi_ext.user_input import is_no_space
 
-__all__ = ["apply_umask_tree", "dir_mode", "file_mode", "save_safetensors", "strict", "umask"]
+__all__ = ["apply_umask_tree", "dir_mode", "file_mode", "save_safetensors", "umask"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -90,16 +87,3 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = No
             raise OSError(code, os.strerror(code), str(path)) from exc
         raise
     os.chmod(path, file_mode())
-
-
-def strict(value: Any) -> Any:
-    """``value`` with every non-finite float made None, so JSON has no NaN or Infinity."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    return str(value)

@@ -23,8 +23,8 @@ Modes: ``top_p_T1`` (T = 1.0, top_p 0.95: Kimi's thinking mode), ``top_p_T0.6``
   ``--escalation both`` (the default) also times the step with the escalation kernel it
   had before the split one (one program per row), when the code still has it; the
   report says why when it does not. ``--escalation split`` times the whole-row (split)
-  escalation alone, ``--escalation hist`` the histogram escalation (``StepPlan.escalation
-  == "hist"``: three small all-gathers, ``verify/step_hist.py``) in its place; the plan's
+  escalation alone, ``--escalation hist`` the test kit's histogram escalation (three small
+  all-gathers, ``testkit/verify_hist_step.py``, not shipped) in its place; the plan's
   escalation is in each case's ``plan``.
 * ``vllm``: what every rank runs after today's full logits all-gather, captured in
   one CUDA graph, making the decisions vLLM's ``RejectionSampler._verify`` and
@@ -301,8 +301,11 @@ def ours_case(z, b, vocab: int, backend: str, old: bool, escalation: str = "rows
     """``(plan, out, call, same_eager, same_graph, old_call, old_same, old_why)``;
     ``escalation``: the plan's (``"rows"``: whole rows, the split kernel; ``"hist"``)."""
     from testkit.verify_graph_sim import simulate_graph_step
+    from testkit.verify_hist_step import HistVerifyStep
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
-    from vllm_kimi_ext.verify.step_plan import StepInputs
+    from vllm_kimi_ext.verify.step_io import StepInputs
+
+    step_cls = HistVerifyStep if escalation == "hist" else GraphVerifyStep
 
     outs, group, plan = simulate_graph_step(z, b, TP, vocab, backend=backend,
                                             escalation=escalation)
@@ -313,7 +316,7 @@ def ours_case(z, b, vocab: int, backend: str, old: bool, escalation: str = "rows
 
     def make(switch_old: bool):
         replay = Replay(group.received[0])
-        step = GraphVerifyStep(vocab, TP, 0, replay, backend=backend)
+        step = step_cls(vocab, TP, 0, replay, backend=backend)
         why = old_escalation(step) if switch_old else None
 
         def call():

@@ -1,5 +1,5 @@
 """Canary: every vLLM attribute and object type the sharded-verification gate reads
-(``vllm_kimi_ext.integration.sharded_verify.GATE_ATTRIBUTES`` / ``GATE_TYPES``, the lists the
+(``vllm_kimi_ext.integration.sharded_verify.gate.GATE_ATTRIBUTES`` / ``GATE_TYPES``, the lists the
 gate itself uses) exists on vLLM 0.34.0's real classes. When one fails after an
 upgrade, the gate would send every step to the counted fallback
 (``unknown_vllm_state``) at best: revisit the gate and note R07."""
@@ -13,8 +13,9 @@ import re
 
 import pytest
 
-from vllm_kimi_ext.integration import sharded_verify as vllm_runner
-from vllm_kimi_ext.integration.sharded_verify import GATE_ATTRIBUTES, GATE_TYPES
+from vllm_kimi_ext.integration.sharded_verify import gate
+from vllm_kimi_ext.integration.sharded_verify.gate import GATE_ATTRIBUTES, GATE_TYPES
+from vllm_kimi_ext.integration.sharded_verify.sampler import WARM_UP_ATTRIBUTES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.canary]
 
@@ -58,7 +59,7 @@ def test_the_canary_checks_what_it_says():
 def test_gate_types_resolve_to_vllm_classes(place):
     for name in GATE_TYPES[place]:
         cls = resolve(name)
-        assert vllm_runner.type_name(object.__new__(cls)) == name
+        assert gate.type_name(object.__new__(cls)) == name
 
 
 def test_safe_logits_processors_are_exactly_the_samplers_built_ins():
@@ -69,9 +70,9 @@ def test_safe_logits_processors_are_exactly_the_samplers_built_ins():
 
     src = inspect.getsource(Sampler.__init__)
     built = set(re.findall(r"(\w+)\(vllm_config, lp_req_state\)", src))
-    allowed = {name.rpartition(".")[2] for name in vllm_runner.SAFE_LOGITS_PROCESSOR_TYPES}
+    allowed = {name.rpartition(".")[2] for name in gate.SAFE_LOGITS_PROCESSOR_TYPES}
     assert built == allowed
-    for name in vllm_runner.SAFE_LOGITS_PROCESSOR_TYPES:
+    for name in gate.SAFE_LOGITS_PROCESSOR_TYPES:
         assert issubclass(resolve(name), LogitsProcessor)
     listed = re.search(r"self\.logits_processors[^=]*=\s*\[(.*?)\]", src, re.S).group(1)
     assert " ".join(listed.split()) == (
@@ -86,7 +87,7 @@ def test_sharded_path_input_batch_fields_exist():
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
     fields = {f.name for f in dataclasses.fields(InputBatch)}
-    missing = set(vllm_runner.SHARDED_PATH_INPUT_BATCH_FIELDS) - fields
+    missing = set(gate.SHARDED_PATH_INPUT_BATCH_FIELDS) - fields
     assert not missing, f"InputBatch lost {sorted(missing)}"
 
 
@@ -100,9 +101,9 @@ def test_rejection_methods_the_gate_refuses_by_name():
     assert methods == {"synthetic", "block", "fly"}
 
 
-@pytest.mark.parametrize("owner,name", vllm_runner.WARM_UP_ATTRIBUTES,
+@pytest.mark.parametrize("owner,name", WARM_UP_ATTRIBUTES,
                          ids=[f"{o.rpartition('.')[2]}.{n}" for o, n in
-                              vllm_runner.WARM_UP_ATTRIBUTES])
+                              WARM_UP_ATTRIBUTES])
 def test_warm_up_attribute_exists_upstream(owner, name):
     """What the graph warm-up reads after vLLM's ``capture_model`` (a missing one skips the
     warm-up: every sharded step then runs eagerly, counted ``not_warmed_up``)."""

@@ -84,7 +84,7 @@ def test_top_p_escalations_counted(tp2_target_results):
 
 
 def test_runner_path_verifies_kimi_top_p_sharded(tp2_target_results):
-    """The same step through ``vllm_runner.sample_step`` (the ``GPUModelRunner.sample``
+    """The same step through ``ShardedSampler.sample`` (the ``GPUModelRunner.sample``
     patch body) at T 1.0 / 0.6 with top_p 0.95: sharded (no fallback counted), equal to
     the full-logits reference, every all-gather in the plan (the graph step's rounds:
     statistics + candidates, then the escalation slots). The tiny model's rows are flat,

@@ -219,8 +219,9 @@ def test_plan_verify_cost_prints_the_priced_tables(capsys):
 
 def test_plan_verify_cost_without_a_report_prices_nothing(capsys, tmp_path, monkeypatch):
     from vllm_kimi_ext.costmodel import verify_cost as vc
+    from vllm_kimi_ext.costmodel import verify_measured as vm
 
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", tmp_path / "absent.json")
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", tmp_path / "absent.json")
     rc, out, _ = run(["--verify-cost"], capsys)
     assert rc == 0 and out.startswith(vc.NOT_PRICED)
     assert not re.search(r"\d+ \+ \d+ = \d+", out)

@@ -62,9 +62,9 @@ def test_stock_only_uses_no_project_feature(cm, lightseek):
 
 
 def test_requirements_are_named_and_classified(cm, lightseek, tmp_path, monkeypatch):
-    from vllm_kimi_ext.costmodel import verify_cost
+    from vllm_kimi_ext.costmodel import verify_measured as vm
 
-    monkeypatch.setattr(verify_cost, "DEFAULT_REPORT", tmp_path / "absent.json")
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", tmp_path / "absent.json")
     opts = enumerate_options(cm, [lightseek], k_max=2)
     by = {(o.plan.k, o.plan.placement, o.plan.vocab, o.plan.verifier, o.plan.backend): o
           for o in opts}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_ext.costmodel import verify_cost as vc
+from vllm_kimi_ext.costmodel import verify_measured as vm
 from vllm_kimi_ext.costmodel.acceptance import from_draft_profile
 from vllm_kimi_ext.costmodel.catalog import load_draft
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
@@ -50,7 +51,7 @@ def _write(tmp_path: Path, doc, name: str = "report.json") -> Path:
 
 
 def test_fixture_loads_and_is_labelled_a_fixture():
-    m = vc.load_report(FIXTURE)
+    m = vm.load_report(FIXTURE)
     assert len(m.cases) == 18 and "FIXTURE" in m.hardware_text()
     assert {c.mode for c in m.cases} == set(vc.MODES) and {c.k for c in m.cases} == {3, 7}
 
@@ -112,18 +113,18 @@ def test_a_bad_report_is_one_line_naming_file_and_field(tmp_path, doc, name, edi
     d = copy.deepcopy(doc)
     out = edit(d)
     path = _write(tmp_path, d if out is None else out)
-    with pytest.raises(vc.VerifyReportError) as err:
-        vc.load_report(path)
+    with pytest.raises(vm.VerifyReportError) as err:
+        vm.load_report(path)
     msg = str(err.value)
     assert "\n" not in msg and str(path) in msg and expected in msg, msg
 
 
 def test_missing_report_is_not_priced_and_a_named_missing_file_is_an_error(tmp_path):
     assert vc.measurements(tmp_path / "absent.json") is None
-    with pytest.raises(vc.VerifyReportError, match="no such verify-step report"):
-        vc.load_report(tmp_path / "absent.json")
+    with pytest.raises(vm.VerifyReportError, match="no such verify-step report"):
+        vm.load_report(tmp_path / "absent.json")
     bad = _write(tmp_path, "[]")
-    with pytest.raises(vc.VerifyReportError):  # present but malformed: never silently unpriced
+    with pytest.raises(vm.VerifyReportError):  # present but malformed: never silently unpriced
         vc.measurements(bad)
 
 
@@ -149,7 +150,7 @@ def _small(tmp_path: Path) -> vc.VerifyMeasurements:
     cases = [dict(rows=r, k=3, mode="top_p_T1", temperature=1.0, top_p=0.95, ours_graph_us=o,
                   vllm_graph_us=s, payload_bytes_per_row_per_rank=64, rounds=2)
              for r, o, s in ((4, 50.0, 100.0), (16, 80.0, 160.0))]
-    return vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+    return vm.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
                                                 date="FIXTURE", cases=cases)))
 
 
@@ -192,7 +193,7 @@ def test_batch_sharded_uses_its_measured_column_where_the_report_has_it(cm, tmp_
                   batch_sharded_us=b)
              for r, o, s, b in ((4, 50.0, 100.0, 130.0), (16, 80.0, 160.0, None),
                                 (64, 90.0, 400.0, 190.0))]
-    m = vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+    m = vm.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
                                              date="FIXTURE", cases=cases)))
     one = vc.price_batch_sharded(cm, m, 1, 3, "top_p_T1")  # 4 rows: measured 130
     assert one.compute_us == pytest.approx(130.0) and "lower bound" not in one.note
@@ -200,13 +201,13 @@ def test_batch_sharded_uses_its_measured_column_where_the_report_has_it(cm, tmp_
     four = vc.price_batch_sharded(cm, m, 4, 3, "top_p_T1")
     assert four.compute_us == pytest.approx(130 + 60 * 12 / 60)
     del cases[0]["batch_sharded_us"], cases[2]["batch_sharded_us"]
-    m = vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+    m = vm.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
                                              date="FIXTURE", cases=cases), "old.json"))
     old = vc.price_batch_sharded(cm, m, 1, 3, "top_p_T1")
     assert old.compute_us == pytest.approx(100.0) and "lower bound" in old.note
     cases[0]["batch_sharded_us"] = -1.0
-    with pytest.raises(vc.VerifyReportError, match=r"cases\[0\].*batch_sharded_us"):
-        vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
+    with pytest.raises(vm.VerifyReportError, match=r"cases\[0\].*batch_sharded_us"):
+        vm.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
                                              date="FIXTURE", cases=cases), "bad.json"))
 
 
@@ -218,7 +219,7 @@ def test_outside_the_measured_rows_and_without_a_report_nothing_is_priced(cm, tm
         assert vc.price(cm, m, v, 1, 3, "top_p_T0.6").total_us is None  # mode not measured
         assert vc.price(cm, None, v, 1, 3, "top_p_T1").total_us is None
     assert vc.verdict(cm, None, 3, "top_p_T1") == f"{vc.NOT_PRICED} (k=3, top_p_T1)"
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", tmp_path / "absent.json")
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", tmp_path / "absent.json")
     ok, why = vc.sharded_recommendable(cm, 8, 3)
     assert not ok and "not measured" in why and "not priced" in why
 
@@ -239,7 +240,7 @@ def test_end_to_end_swaps_only_the_verify_phase(cm, tmp_path):
 
 
 def test_verdict_names_the_batch_from_which_it_wins(cm):
-    m = vc.load_report(FIXTURE)  # fixture: ours loses at 4 rows, wins from 16 rows on
+    m = vm.load_report(FIXTURE)  # fixture: ours loses at 4 rows, wins from 16 rows on
     wins, priced = vc.winning_batches(cm, m, 3, "top_p_T1")
     assert priced == list(range(1, 65)) and 1 not in wins
     start = min(b for b in priced if all(x in wins for x in priced if x >= b))
@@ -264,14 +265,14 @@ def test_recommender_never_offers_a_verifier_measured_slower(cm, tmp_path, monke
                                                              batch):
     d = load_draft("lightseek-eagle3-mla")
     drafts = [(d, from_draft_profile(d.acceptance))]
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", _write(tmp_path, _losing(doc)))
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", _write(tmp_path, _losing(doc)))
     rec = recommend(cm, drafts, batch=batch, k_max=3)
     assert all(o.plan.verifier == "gather" for o in rec.options)
     # with the fixture, where it wins from 16 rows on, it is offered exactly there
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", FIXTURE)
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", FIXTURE)
     rec = recommend(cm, drafts, batch=batch, k_max=3)
     sharded = [o for o in rec.options if o.plan.verifier == "sharded"]
-    m = vc.load_report(FIXTURE)
+    m = vm.load_report(FIXTURE)
     for o in sharded:
         for mode in vc.KIMI_MODES:
             p = o.plan
@@ -281,7 +282,7 @@ def test_recommender_never_offers_a_verifier_measured_slower(cm, tmp_path, monke
 
 
 def test_docs_block_says_it_loses_when_it_loses(doc, tmp_path):
-    losing = vc.load_report(_write(tmp_path, _losing(doc)))
+    losing = vm.load_report(_write(tmp_path, _losing(doc)))
     text = verify_markdown(losing)
     verdict_rows = [line.split(" | ") for line in text.splitlines()
                     if re.match(r"\| (T=|greedy|top-k).*, k = \d \|", line)]
@@ -350,7 +351,12 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
     (root / "docs").mkdir(parents=True)
     (root / "docs" / "cost-model.md").write_text((REPO / "docs" / "cost-model.md").read_text())
     packaged = tmp_path / "package" / "verify_graph_vs_vllm_h200.json"
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", packaged)
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", packaged)
+    # the serving side's thresholds are written too: to a copy, never into the package
+    import vllm_kimi_ext.costmodel.verify_report as vr
+
+    handover = tmp_path / "package" / "handover.json"
+    monkeypatch.setattr(vr, "HANDOVER_DATA", handover)
     docs = str(root / "docs")
     # without any report the block differs from the committed one iff that was generated
     # from the measured report
@@ -362,6 +368,7 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
     assert main(["--write-docs", docs]) == 0
     assert packaged.read_bytes() == bench.read_bytes()
     assert main(["--check-docs", docs]) == 0
+    assert handover.is_file() and '"priced": true' in handover.read_text()
     assert "wins from batch" in (root / "docs" / "cost-model.md").read_text()
     assert (root / "docs" / "img" / "costmodel-verify.png").is_file()
     bench.write_text("{")  # a broken report: refused, the package copy left as it was
@@ -371,8 +378,7 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
     assert packaged.read_text() == FIXTURE.read_text()
 
 
-@pytest.mark.parametrize("name, packaged", [(vc.REPORT_NAME, vc.DEFAULT_REPORT),
-                                             (vc.HIST_REPORT_NAME, vc.DEFAULT_HIST_REPORT)])
+@pytest.mark.parametrize("name, packaged", [(vc.REPORT_NAME, vm.DEFAULT_REPORT)])
 def test_package_copy_equals_the_checkout_report(name, packaged):
     bench = REPO / name
     assert bench.is_file() == packaged.is_file(), \
@@ -409,7 +415,7 @@ def test_the_models_sharded_row_is_priced_from_the_report(cm, tmp_path, monkeypa
     falls back to the labelled constant where the report has no measurement."""
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", path)
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", path)
     case = next(c for c in doc["cases"] if c["mode"] == vc.DEFAULT_MODE)
     rows, k = case["rows"], case["k"]
     base, names = _sharded_step_us(cm, rows, k)
@@ -420,7 +426,7 @@ def test_the_models_sharded_row_is_priced_from_the_report(cm, tmp_path, monkeypa
             c["ours_graph_us"] += 1000.0
     path = tmp_path / "slower.json"  # a new file: the loader caches by path and mtime
     path.write_text(json.dumps(slower))
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", path)
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", path)
     assert _sharded_step_us(cm, rows, k)[0] == pytest.approx(base + 1000.0)
     bigger = copy.deepcopy(doc)
     for c in bigger["cases"]:
@@ -428,10 +434,10 @@ def test_the_models_sharded_row_is_priced_from_the_report(cm, tmp_path, monkeypa
             c["payload_bytes_per_row_per_rank"] *= 64
     path = tmp_path / "bigger.json"
     path.write_text(json.dumps(bigger))
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", path)
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", path)
     assert _sharded_step_us(cm, rows, k)[0] > base
     # no measurement at these rows / no report: the constant, and the output says so
-    monkeypatch.setattr(vc, "DEFAULT_REPORT", tmp_path / "missing.json")
+    monkeypatch.setattr(vm, "DEFAULT_REPORT", tmp_path / "missing.json")
     _, names = _sharded_step_us(cm, rows, k)
     assert all("constant fallback" in n for n in names)
 
@@ -455,86 +461,3 @@ def test_crossover_against_batch_sharded_sampling_per_mode(cm):
             assert vc.price(cm, meas, "batch_sharded", prev, 3, mode).total_us >= \
                 vc.price(cm, meas, "sharded", prev, 3, mode).total_us
         assert f"| {vc.CROSSOVER_MODE_WORDS[mode]} | 3 | batch {c} |" in block
-
-
-# ---------------------------------------------------------------------------------------------
-# the escalation: whole shard rows or the histogram rounds
-# ---------------------------------------------------------------------------------------------
-
-
-def test_escalation_bytes_match_the_product_plan(cm):
-    """The cost model's escalation rounds are the product plan's rounds (bytes per rank,
-    names), at Kimi's vocabulary over 8 ranks: before 40,960 B per escalated row per rank,
-    after 3,088 B + the one whole-row slot shared by the step's escalated rows."""
-    from vllm_kimi_ext.verify.step_plan import plan_from_params
-
-    for B in (1, 9, 10, 16, 64):
-        for esc in vc.ESCALATIONS:
-            plan = plan_from_params([{"temperature": 1.0, "top_p": 0.95}] * B, tp_size=cm.tp,
-                                    vocab_size=V, num_rows=4 * B, max_rows_per_req=4,
-                                    escalation=esc)
-            priced = vc.price_escalation(cm, B, esc)
-            assert [(r.name, r.bytes_per_rank) for r in plan.rounds[1:]] == list(priced.rounds)
-            assert plan.bytes_per_escalated_row_per_rank == \
-                priced.bytes_per_escalated_row_per_rank
-    assert vc.price_escalation(cm, 64, "rows").bytes_per_escalated_row_per_rank == 40_960
-    assert vc.price_escalation(cm, 64, "hist").bytes_per_escalated_row_per_rank == \
-        2048 + 1024 + 16 + 40_960 / 64
-    # on this PCIe profile the three small all-gathers price below one whole-row all-gather
-    # from 10 escalated rows on (communication only; the measured compute decides the default)
-    faster = [B for B in range(1, 65) if vc.price_escalation(cm, B, "hist").comm_us
-              < vc.price_escalation(cm, B, "rows").comm_us]
-    assert faster == list(range(10, 65))
-
-
-def test_hist_escalation_price_says_it_is_modelled(cm):
-    meas = vc.load_report(FIXTURE)
-    k, mode = 3, "top_p_T1"
-    rows_p = vc.price_sharded_escalation(cm, meas, 16, k, mode, "rows")
-    hist_p = vc.price_sharded_escalation(cm, meas, 16, k, mode, "hist")
-    assert rows_p.compute_us == hist_p.compute_us == meas.at(k, mode, 64, "ours_graph_us")
-    assert (rows_p.collectives, hist_p.collectives) == (2, 4)
-    assert "modelled, not measured" in hist_p.note and "modelled" not in rows_p.note
-    assert hist_p.sent_bytes_per_rank < rows_p.sent_bytes_per_rank
-    r1 = 64 * (5 + 2 * 128) * 4
-    assert math.isclose(hist_p.comm_us, vc._allgather_us(cm, r1 * cm.tp)
-                        + vc.price_escalation(cm, 16, "hist").comm_us)
-    md = "\n".join(vc.escalation_markdown(cm, meas))
-    assert "modelled, not measured" in md and "| 64 | 40,960 | 3,728 |" in md
-    assert vc.price_sharded_escalation(cm, None, 16, k, mode, "hist").note == vc.NOT_PRICED
-
-
-def test_hist_step_is_priced_from_its_measured_report(cm, tmp_path):
-    """With a histogram-escalation report at these rows, the hist step's compute is that
-    report's (not the whole-row step's) and the note says measured; rows the hist report
-    lacks stay modelled and say so."""
-    meas = vc.load_report(FIXTURE)
-    k, mode = 3, "top_p_T1"
-    base = meas.at(k, mode, 64, "ours_graph_us")
-    cases = [dict(rows=64, k=3, mode=mode, temperature=1.0, top_p=0.95,
-                  ours_graph_us=base * 7 + 1, vllm_graph_us=100.0,
-                  payload_bytes_per_row_per_rank=64, rounds=4)]
-    hist = vc.load_report(_write(tmp_path, dict(hardware="FIXTURE", versions="FIXTURE",
-                                                date="FIXTURE", cases=cases)))
-    p = vc.price_sharded_escalation(cm, meas, 16, k, mode, "hist", hist)
-    assert p.compute_us == pytest.approx(base * 7 + 1)
-    assert vc.ESCALATION_MEASURED_NOTE in p.note and vc.ESCALATION_TIME_NOTE not in p.note
-    other = vc.price_sharded_escalation(cm, meas, 4, k, mode, "hist", hist)  # 16 rows
-    assert other.compute_us == meas.at(k, mode, 16, "ours_graph_us")
-    assert vc.ESCALATION_TIME_NOTE in other.note
-    # the shipped report: the hist step is measured slower than the whole-row step
-    shipped = vc.hist_measurements()
-    for rows in (4, 16, 64, 256):
-        assert shipped.at(k, mode, rows, "ours_graph_us") > \
-            vc.measurements().at(k, mode, rows, "ours_graph_us")
-
-
-def test_docs_escalation_table_is_the_priced_one(cm):
-    """docs/sharded-verification.md's escalation table: each of its rows is
-    ``escalation_markdown``'s row at that batch, from the measured report."""
-    text = (REPO / "docs" / "sharded-verification.md").read_text()
-    md = vc.escalation_markdown(cm, batches=tuple(range(1, 65)))
-    header = md[0]
-    assert header in text
-    table = text[text.index(header):].split("\n\n")[0].splitlines()[2:]
-    assert len(table) >= 4 and all(row in md for row in table), table

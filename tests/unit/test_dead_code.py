@@ -27,6 +27,7 @@ CALLED_FROM_OUTSIDE = {
     "plugin.py": {"emit"},  # logging.Handler.emit
     "integration/tli_speculator.py": {"get_draft_top_tokens"},  # vLLM's speculator interface
     "costmodel/__init__.py": {"__getattr__"},  # module attribute hook (PEP 562)
+    "verify/__init__.py": {"__getattr__"},  # module attribute hook (PEP 562)
 }
 #: used nowhere, left for the change that already rewrites its module (name -> why)
 PENDING: dict[str, str] = {}
@@ -94,3 +95,66 @@ def test_the_scan_sees_a_planted_dead_function():
                "n.py": "from vllm_kimi_ext.m import used\nused()\n"}
     assert unused(package, []) == ["m.py:5: dead", "m.py:13: method"]
     assert unused(package, ["mock.patch('vllm_kimi_ext.m.dead')\nC().method()\n"]) == []
+
+
+#: The serving side (the verifier and the runner glue): a function there that only tests,
+#: the test kit or the benchmarks call is test code in the wheel. The exceptions, each with
+#: its reason; an entry no longer found fails the test, so the list only shrinks.
+SERVING = ("verify/", "integration/")
+TEST_ONLY_ALLOWED: dict[str, str] = {
+    "verify/reference.py": "the full-logits oracle itself (shipped so users can check the "
+                           "verifier against it)",
+    "verify/batch.py:from_draft_tokens": "the oracle's batch builder",
+    "verify/step_io.py:from_layout": "the step's inputs from the oracle's batch",
+    "verify/protocol.py:round1_bytes_per_row": "a round size of the contract (the test "
+                                               "kit's escalation prices read it)",
+    "verify/protocol.py:num_collectives": "the plan's diagnostics the benchmarks print",
+    "verify/protocol.py:bytes_received_per_rank": "the plan's diagnostics",
+    "verify/protocol.py:bytes_per_escalated_row_per_rank": "the plan's diagnostics",
+    "verify/protocol.py:bytes_per_row_per_rank": "the plan's diagnostics",
+    "verify/protocol.py:reset": "FallbackCounter's reset, for a caller that reports per "
+                                "interval",
+    "verify/ranks.py:num_calls": "CountingAllGather, the collective accounting of a step",
+    "verify/ranks.py:bytes_sent": "CountingAllGather, the collective accounting of a step",
+    "verify/_triton_kernels.py:hash_bits_kernel": "the Triton twin of hashing.py's bits, "
+                                                  "pinned by the GPU tier",
+    "integration/sharded_verify/gate.py:ineligibility": "the gate's answer as a reason "
+                                                        "string (the canary asks it)",
+    "integration/tli_speculator.py:compute_draft_logits": "vLLM's speculator interface",
+}
+
+
+def serving_test_only(package: dict[str, str]) -> list[str]:
+    """``path:line: name`` of every function under :data:`SERVING` that no module of the
+    package uses (tests, the test kit and the benchmarks may), less the allowed ones."""
+    uses = _uses(list(package.values()))
+    out = []
+    for rel, source in sorted(package.items()):
+        if not rel.startswith(SERVING) or rel in TEST_ONLY_ALLOWED:
+            continue
+        out += [f"{rel}:{line}: {name}" for line, name in _definitions(source)
+                if not uses[name] and f"{rel}:{name}" not in TEST_ONLY_ALLOWED
+                and name not in CALLED_FROM_OUTSIDE.get(rel, ())]
+    return out
+
+
+def test_the_serving_side_ships_no_test_only_code():
+    package = {p.relative_to(PACKAGE).as_posix(): p.read_text(encoding="utf-8")
+               for p in sorted(PACKAGE.rglob("*.py"))}
+    found = serving_test_only(package)
+    assert found == [], ("used only by tests / testkit / bench: move them there (or say why "
+                         "in TEST_ONLY_ALLOWED):\n" + "\n".join(found))
+    names = {f"{rel}:{name}" for rel, src in package.items() for _, name in _definitions(src)}
+    stale = sorted(k for k in TEST_ONLY_ALLOWED if k not in package and k not in names)
+    assert stale == [], f"no longer in the package: remove {stale} from TEST_ONLY_ALLOWED"
+
+
+def test_a_planted_test_only_helper_is_caught():
+    """Planted: ``draft_probs_shard`` (used only by a test before it moved out) back in the
+    runner glue."""
+    package = {p.relative_to(PACKAGE).as_posix(): p.read_text(encoding="utf-8")
+               for p in sorted(PACKAGE.rglob("*.py"))}
+    package["integration/sharded_verify/inputs.py"] += "\n\ndef draft_probs_shard(q):\n    pass\n"
+    found = serving_test_only(package)
+    assert [(f.partition(":")[0], f.rpartition(": ")[2]) for f in found] == [
+        ("integration/sharded_verify/inputs.py", "draft_probs_shard")]

@@ -25,10 +25,8 @@ def test_greedy_requests_ignore_their_filters_sampling_requests_keep_them(temper
                                                               else [0.1, 0.0])
     assert layout.effective_top_p().tolist() == pytest.approx([1.0, 1.0] if greedy
                                                               else [0.9, 0.5])
-    modes = layout.host_modes(V)
-    assert modes.all_greedy is greedy
-    assert (modes.thr_rows is None) is greedy
     plan = plan_for_layout(layout, tp_size=8, shard_width=125, vocab_size=V)
+    assert plan.all_greedy is greedy and (plan.candidates == 0) is greedy
     if greedy:
         assert plan.num_collectives == 1 and plan.bytes_per_row_per_rank == 8
     else:

@@ -102,7 +102,7 @@ def cm():
 
 @pytest.mark.parametrize("rows", [1, 4, 64, 2048])
 def test_verification_bytes_match_the_verifiers_own_plan(cm, rows):
-    """Sharded: per row and rank what the step's plan (``verify.step_plan``) sends for a
+    """Sharded: per row and rank what the step's plan (``verify.protocol``) sends for a
     sampling batch with one-hot drafts (4 float32), the all-gather's output TP times that.
     Gather: every rank receives ``[rows, vocab]`` bf16, i.e. 2 x V bytes per row."""
     from vllm_kimi_ext.verify import full_gather_bytes_per_row, plan_from_params

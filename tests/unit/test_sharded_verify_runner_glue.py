@@ -1,4 +1,4 @@
-"""The gate of the opt-in runner integration (vllm_kimi_ext.integration.sharded_verify),
+"""The gate of the opt-in runner integration (vllm_kimi_ext.integration.sharded_verify.gate),
 on stand-in runner objects: which steps take the sharded path, which fall back with
 which counted reason, and that it fails closed (a missing vLLM attribute, an unknown
 object type or logits processor → ineligible)."""
@@ -18,12 +18,11 @@ from testkit.runner_stand_ins import (
     stand_in_batch,
     stand_in_runner,
 )
-from vllm_kimi_ext.integration import sharded_verify as vllm_runner
-from vllm_kimi_ext.integration.sharded_verify import (
-    GATE_ATTRIBUTES,
-    _bonus_layout_drafts,
-    ineligibility,
-)
+from vllm_kimi_ext.integration.sharded_verify import gate
+from vllm_kimi_ext.integration.sharded_verify.gate import GATE_ATTRIBUTES, ineligibility
+from vllm_kimi_ext.integration.sharded_verify.inputs import bonus_layout_drafts, draft_probs_full
+from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
+from vllm_kimi_ext.integration.sharded_verify.telemetry import Telemetry
 
 V = 1000
 GREEDY = {"temperature": 0.0}
@@ -80,7 +79,7 @@ CONDITIONS = [
     (_set("input_batch", "idx_mapping_np", np.array([0, 1, 7])), "unknown_sampling_params"),
     (lambda r, b: r.sampler.logits_processors.append(stand_in("my_plugin.NoRepeat")),
      "logits_processors"),
-    (lambda r, b: vllm_runner.remember_sampling_params(
+    (lambda r, b: gate.remember_sampling_params(
         r.sampler, 2, {"temperature": 1.0, "top_p": 0.95, "repetition_penalty": 1.1}),
      "penalties"),
 ]
@@ -114,32 +113,35 @@ def test_logits_processors_allow_list_is_by_type_not_count():
 
 @pytest.mark.parametrize("attr", GATE_ATTRIBUTES, ids=[f"{a.owner}.{a.name}"
                                                        for a in GATE_ATTRIBUTES])
-def test_a_missing_vllm_attribute_fails_closed(attr, caplog, monkeypatch):
+def test_a_missing_vllm_attribute_fails_closed(attr, caplog):
     """Every attribute the gate reads, deleted from an otherwise eligible step (the
-    probabilistic-draft one, so every read happens): unknown_vllm_state, logged once."""
-    monkeypatch.setattr(vllm_runner, "_logged_unknown", set())
+    probabilistic-draft one, so every read happens): unknown_vllm_state naming it, counted
+    per step by the runner's sampler and logged once."""
     r, b = _probabilistic(), stand_in_batch(3)
     assert ineligibility(r, b, None, 8, V) is None
     delattr(owner_of(r, b, attr.owner), attr.name)
+    sampler = ShardedSampler(r)
     with caplog.at_level(logging.WARNING, logger="vllm_kimi_ext.verify"):
-        assert ineligibility(r, b, None, 8, V) == "unknown_vllm_state"
-        assert ineligibility(r, b, None, 8, V) == "unknown_vllm_state"
+        for _ in range(2):
+            fb = sampler.plan(b, None, 8, V)
+            assert (fb.reason, fb.detail) == ("unknown_vllm_state", f"{attr.owner}.{attr.name}")
     logged = [m for m in caplog.messages if f"{attr.owner}.{attr.name}" in m]
     assert len(logged) == 1
+    assert sampler.telemetry.fallbacks.as_dict() == {"unknown_vllm_state": 2}
 
 
 def test_every_declared_attribute_is_read_by_the_gate():
     """GATE_ATTRIBUTES lists nothing the gate does not read (the canary would otherwise
     guard attributes that do not matter)."""
     seen = []
-    real = vllm_runner._read
+    real = gate._read
 
     def spy(obj, owner, name):
         seen.append((owner, name))
         return real(obj, owner, name)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(vllm_runner, "_read", spy)
+    mp.setattr(gate, "_read", spy)
     try:
         assert ineligibility(_probabilistic(), stand_in_batch(3), None, 8, V) is None
     finally:
@@ -149,7 +151,7 @@ def test_every_declared_attribute_is_read_by_the_gate():
 
 def test_reading_an_undeclared_attribute_is_a_programming_error():
     with pytest.raises(KeyError, match="GATE_ATTRIBUTES"):
-        vllm_runner._read(object(), "runner", "kv_cache_config")
+        gate._read(object(), "runner", "kv_cache_config")
 
 
 def test_bonus_layout_drafts_shifts_within_requests():
@@ -158,41 +160,48 @@ def test_bonus_layout_drafts_shifts_within_requests():
     # input of row j+1, the last row of each request is its bonus row.
     draft_sampled = torch.tensor([100, 11, 12, 13, 200, 21])
     cu = torch.tensor([0, 4, 6])
-    assert _bonus_layout_drafts(draft_sampled, cu).tolist() == [11, 12, 13, -1, 21, -1]
+    assert bonus_layout_drafts(draft_sampled, cu).tolist() == [11, 12, 13, -1, 21, -1]
 
 
-def test_draft_probs_shard_is_vllms_q_sliced():
-    """q = softmax(cache[req_state, step, :V] / T) per row (vLLM's rejection sampler),
-    this rank's columns, zeros past V; bonus rows clamp to the last step."""
+def test_draft_probs_are_vllms_q():
+    """q = softmax(cache[req_state, step, :V] / T) per row (vLLM's rejection sampler) over
+    the target's V columns of a larger draft vocabulary; bonus rows clamp to the last
+    step; greedy rows use T = 1."""
     g = torch.Generator().manual_seed(1)
     values = torch.randn(4, 2, 12, generator=g)  # draft vocab 12 >= V = 10
     req = torch.tensor([3, 3, 3, 0, 0])
     step = torch.tensor([0, 1, 2, 0, 1])
     temp = torch.tensor([0.5, 0.5, 0.5, 0.0, 0.0])
-    full = torch.cat([vllm_runner.draft_probs_shard(values, req, step, temp, 10, r * 6, 6)
-                      for r in range(2)], dim=1)
-    assert full.shape == (5, 12) and torch.all(full[:, 10:] == 0)
+    full = draft_probs_full(values, req, step, temp, 10)
+    assert full.shape == (5, 10)
     expect = torch.softmax(values[3, 1, :10] / 0.5, dim=-1)
-    assert torch.allclose(full[1, :10], expect)
-    assert torch.allclose(full[2, :10], expect)  # bonus row: last step
-    assert torch.allclose(full[3, :10], torch.softmax(values[0, 0, :10], dim=-1))  # greedy: T=1
-    assert torch.allclose(full[:, :10].sum(1), torch.ones(5))
+    assert torch.allclose(full[1], expect)
+    assert torch.allclose(full[2], expect)  # bonus row: last step
+    assert torch.allclose(full[3], torch.softmax(values[0, 0, :10], dim=-1))  # greedy: T=1
+    assert torch.allclose(full.sum(1), torch.ones(5))
 
 
 def test_escalations_and_deferrals_are_counted_on_the_device():
-    """No host read per step: the runner adds each step's escalated rows and stopped
+    """No host read per step: the sampler adds each step's escalated rows and stopped
     requests to a device tensor; ``device_counts`` reads it (the 1000-step log line)."""
     from types import SimpleNamespace
 
-    import torch
-
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
-
-    vllm_runner._state.pop("device", None)
-    assert vllm_runner.device_counts() == {"escalated_rows": 0, "deferred_requests": 0}
+    t = Telemetry(logging.getLogger("test"))
+    assert t.device_counts() == {"escalated_rows": 0, "deferred_requests": 0}
     step = SimpleNamespace(uncertified=torch.tensor([1, 0, 1], dtype=torch.int8),
                            stopped=torch.tensor([False, True]))
-    vllm_runner._count_on_device(step)
-    vllm_runner._count_on_device(step)
-    assert vllm_runner.device_counts() == {"escalated_rows": 4, "deferred_requests": 2}
-    vllm_runner._state.pop("device", None)
+    t.count_on_device(step)
+    t.count_on_device(step)
+    assert t.device_counts() == {"escalated_rows": 4, "deferred_requests": 2}
+
+
+def test_the_runner_holds_one_sampler_and_nothing_else():
+    """vLLM's runner carries exactly one attribute of this plugin, the sampler, made once;
+    the gate itself keeps no state (two gates of one step answer alike)."""
+    r, b = stand_in_runner([KIMI, GREEDY]), stand_in_batch(2)
+    before = set(vars(r))
+    s = ShardedSampler.of(r)
+    assert ShardedSampler.of(r) is s
+    assert set(vars(r)) - before == {ShardedSampler.ATTR}
+    assert s.plan(b, None, 8, V) == s.plan(b, None, 8, V) == gate.gate(r, b, None, 8, V)
+    assert s.telemetry.steps == 2

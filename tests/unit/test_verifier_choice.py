@@ -11,9 +11,11 @@ from testkit.runner_stand_ins import stand_in_batch, stand_in_runner
 from vllm_kimi_ext.costmodel import verify_cost as vc
 from vllm_kimi_ext.costmodel.model import CostModel
 from vllm_kimi_ext.costmodel.report import PCIE
-from vllm_kimi_ext.integration import sharded_verify
+from vllm_kimi_ext.integration import verifier_choice
+from vllm_kimi_ext.integration.sharded_verify import gate
+from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 from vllm_kimi_ext.integration.verifier_choice import TOP_P_MODES, VerifierChoice, step_mode
-from vllm_kimi_ext.verify.step_plan import StepPlan, plan_from_params
+from vllm_kimi_ext.verify.protocol import StepPlan, plan_from_params
 
 V, TP = 163840, 8
 THINKING = {"temperature": 1.0, "top_p": 0.95}
@@ -43,10 +45,6 @@ def _plan(params, k):
     return plan
 
 
-def test_measured_temperatures_are_the_cost_models():
-    assert TOP_P_MODES == vc.MODE_TEMPERATURE
-
-
 @pytest.mark.parametrize("params,mode", [
     ([THINKING], "top_p_T1"), ([INSTANT], "top_p_T0.6"), ([GREEDY, GREEDY], "greedy"),
     ([TOPK_MINP], "topk_minp"), ([{"temperature": 0.8}], "topk_minp"),
@@ -67,7 +65,7 @@ def test_handover_starts_where_batch_sharded_is_priced_faster_for_good(cm, meas)
     assert ks, "no measured k"
     seen_both = set()
     for k in ks:
-        choice = VerifierChoice.priced(k, cm=cm, meas=meas)
+        choice = VerifierChoice.priced(k, vc.handover_table(cm, meas))
         assert "not priced" not in choice.how
         for mode, p in MODE_PARAMS.items():
             wins, priced = vc.winning_batches(cm, meas, k, mode, "batch_sharded", "sharded")
@@ -82,7 +80,7 @@ def test_handover_starts_where_batch_sharded_is_priced_faster_for_good(cm, meas)
 
 def test_a_handed_over_batch_is_shorter_batch_sharded_and_the_one_before_is_not(cm, meas):
     for k in sorted({c.k for c in meas.cases}):
-        choice = VerifierChoice.priced(k, cm=cm, meas=meas)
+        choice = VerifierChoice.priced(k, vc.handover_table(cm, meas))
         for mode in TOP_P_MODES:
             start = choice.from_reqs[mode]
             assert start is not None and start > 1, (k, mode)  # small batches stay sharded
@@ -101,18 +99,18 @@ def test_a_changed_report_moves_the_threshold(cm, meas):
 
     faster = dataclasses.replace(meas, cases=tuple(
         dataclasses.replace(c, ours_graph_us=c.ours_graph_us / 2) for c in meas.cases))
-    a = VerifierChoice.priced(3, cm=cm, meas=meas).from_reqs["top_p_T1"]
-    b = VerifierChoice.priced(3, cm=cm, meas=faster).from_reqs["top_p_T1"]
+    a = VerifierChoice.priced(3, vc.handover_table(cm, meas)).from_reqs["top_p_T1"]
+    b = VerifierChoice.priced(3, vc.handover_table(cm, faster)).from_reqs["top_p_T1"]
     assert b is None or b > a
 
 
 def test_an_unmeasured_k_hands_every_step_over_and_says_why(cm, meas):
     k = max(c.k for c in meas.cases) + 2
-    choice = VerifierChoice.priced(k, cm=cm, meas=meas)
+    choice = VerifierChoice.priced(k, vc.handover_table(cm, meas))
     assert f"not priced at k={k}" in choice.how
     for p in MODE_PARAMS.values():
         assert choice.batch_sharded(_plan([p], k), [p])
-    none = VerifierChoice.priced(3, cm=cm, meas=None)
+    none = VerifierChoice.priced(3, vc.handover_table(cm, None))
     assert none.batch_sharded(_plan([GREEDY], 3), [GREEDY])
 
 
@@ -134,22 +132,22 @@ def _gate(params, monkeypatch, setting=None, sharder=True):
         monkeypatch.setenv("VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF", setting)
     runner = stand_in_runner(params, vocab=V)
     runner.batch_sharder = object() if sharder else None
-    return sharded_verify.gate(runner, stand_in_batch(len(params)), None, TP, V)
+    return ShardedSampler(runner).plan(stand_in_batch(len(params)), None, TP, V)
 
 
 def test_the_gate_hands_large_top_p_steps_to_the_batch_sharder(monkeypatch, cm, meas):
-    start = VerifierChoice.priced(3, cm=cm, meas=meas).from_reqs["top_p_T1"]
+    start = VerifierChoice.priced(3, vc.handover_table(cm, meas)).from_reqs["top_p_T1"]
     below = _gate([THINKING] * (start - 1), monkeypatch)
     assert isinstance(below, StepPlan)
     at = _gate([THINKING] * start, monkeypatch)
-    assert not isinstance(at, StepPlan) and at.reason == sharded_verify.HANDED_OVER
-    assert at.reason in sharded_verify.NOT_FALLBACKS  # counted as handed over, not a fallback
+    assert not isinstance(at, StepPlan) and at.reason == gate.HANDED_OVER
+    assert at.reason in gate.NOT_FALLBACKS  # counted as handed over, not a fallback
     assert isinstance(_gate([GREEDY] * 64, monkeypatch), StepPlan)
     # without the batch sharder nothing is handed over
     assert isinstance(_gate([THINKING] * 64, monkeypatch, sharder=False), StepPlan)
     # the setting, read when the runner's choice is made
     assert isinstance(_gate([THINKING] * 64, monkeypatch, setting="off"), StepPlan)
-    assert _gate([THINKING] * 2, monkeypatch, setting="2").reason == sharded_verify.HANDED_OVER
+    assert _gate([THINKING] * 2, monkeypatch, setting="2").reason == gate.HANDED_OVER
 
 
 def test_the_cost_model_prices_both_on_as_the_plugin_runs_it(cm, meas):
@@ -157,7 +155,7 @@ def test_the_cost_model_prices_both_on_as_the_plugin_runs_it(cm, meas):
     the verifier the plugin's per-step choice runs, and is then never priced slower than
     batch-sharded sampling alone."""
     for k in sorted({c.k for c in meas.cases}):
-        choice = VerifierChoice.priced(k, cm=cm, meas=meas)
+        choice = VerifierChoice.priced(k, vc.handover_table(cm, meas))
         for mode, p in MODE_PARAMS.items():
             for b in vc.winning_batches(cm, meas, k, mode, "sharded", "batch_sharded")[1]:
                 params = [p] * b
@@ -171,20 +169,59 @@ def test_the_cost_model_prices_both_on_as_the_plugin_runs_it(cm, meas):
     assert rows and not behind
 
 
-def test_an_unreadable_report_hands_every_step_over(monkeypatch):
-    def broken(*_a, **_k):
-        raise vc.VerifyReportError("verify_graph_vs_vllm_h200.json: cases[0].rows: expected "
-                                   "a positive integer")
-
-    monkeypatch.setattr(vc, "measurements", broken)
-    choice = VerifierChoice.priced(3, cm=object())
-    assert "not priced" in choice.how and "cases[0].rows" in choice.how
+@pytest.mark.parametrize("text,field", [
+    ("{", "unreadable"), ("[]", "k: expected"),
+    ('{"k": {"3": {"top_p_T1": {"from": 0, "priced": true}}}}', "k.3.top_p_T1"),
+    ('{"k": {"3": {"top_p_T1": {"from": null, "priced": true}}}}', "k.3.top_p_T0.6"),
+    ('{"k": {"3": {"top_p_T1": {"from": "2", "priced": true}}}}', "k.3.top_p_T1"),
+    ('{"k": {"3": {"top_p_T1": {"from": 2, "priced": 1}}}}', "k.3.top_p_T1"),
+])
+def test_an_unreadable_handover_file_hands_every_step_over(monkeypatch, tmp_path, text, field):
+    bad = tmp_path / "handover.json"
+    bad.write_text(text)
+    with pytest.raises(verifier_choice.HandoverDataError, match=field):
+        verifier_choice.load_handover(bad)
+    monkeypatch.setattr(verifier_choice, "HANDOVER_DATA", bad)
+    monkeypatch.setattr(verifier_choice.load_handover, "__defaults__", (bad,))
+    choice = VerifierChoice.priced(3)
+    assert "not priced" in choice.how and field in choice.how
     for p in MODE_PARAMS.values():
         assert choice.batch_sharded(_plan([p], 3), [p])
 
 
+def test_the_packaged_thresholds_are_the_cost_models(cm, meas):
+    """Serving reads ``integration/handover.json``; it holds exactly what the cost model
+    prices from the packaged report (``nox -s docs`` writes it, ``--check`` fails stale)."""
+    from vllm_kimi_ext.costmodel import verify_report
+
+    assert verifier_choice.HANDOVER_DATA.read_text() == verify_report.handover_json(meas)
+    for k in sorted({c.k for c in meas.cases}):
+        assert VerifierChoice.priced(k) == VerifierChoice.priced(k, vc.handover_table(cm, meas))
+
+
+def test_a_stale_handover_copy_fails_the_docs_check(monkeypatch, tmp_path):
+    """Planted: a handover file one request off; ``--check-docs`` names it and exits 1."""
+    import json
+
+    from vllm_kimi_ext.costmodel import verify_report
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    begin, end = verify_report.markers()
+    (docs / "cost-model.md").write_text(verify_report.updated(
+        f"{begin}\n{end}\n", verify_report.verify_markdown(vc.measurements())))
+    doc = json.loads(verifier_choice.HANDOVER_DATA.read_text())
+    stale = tmp_path / "handover.json"
+    monkeypatch.setattr(verify_report, "HANDOVER_DATA", stale)
+    stale.write_text(verify_report.handover_json(vc.measurements()))
+    assert verify_report.main(["--check-docs", str(docs)]) == 0
+    doc["k"]["3"]["top_p_T1"]["from"] += 1
+    stale.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    assert verify_report.main(["--check-docs", str(docs)]) == 1
+
+
 def test_the_log_line_names_each_modes_threshold(cm, meas):
-    choice = VerifierChoice.priced(3, cm=cm, meas=meas)
+    choice = VerifierChoice.priced(3, vc.handover_table(cm, meas))
     text = choice.describe()
     assert text.startswith("k=3; ")
     for mode, start in choice.from_reqs.items():
@@ -201,7 +238,7 @@ def test_plan_verify_cost_and_the_docs_say_what_the_plugin_runs(cm, meas):
     assert verify_report.VERDICT_HEADER[-1] == "both on runs (per step)"
     seen = 0
     for k in sorted({c.k for c in meas.cases}):
-        choice = VerifierChoice.priced(k, cm=cm, meas=meas)
+        choice = VerifierChoice.priced(k, vc.handover_table(cm, meas))
         for mode in vc.MODES:
             row = next(r for r in rows if r[0] == f"{verify_report.MODE_WORDS[mode]}, k = {k}")
             start = choice.from_reqs[mode]

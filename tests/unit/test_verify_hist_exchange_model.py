@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from testkit.verify_hist_exchange import hist_exchange_cut
-from vllm_kimi_ext.verify.reference import scale_logits
+from vllm_kimi_ext.verify.rowmath import scale_logits
 from vllm_kimi_ext.verify.step_torch import exact_cut
 
 V, TP = 163840, 8

@@ -86,7 +86,7 @@ def test_one_verifier_and_one_plan():
                  "class CommPlan", "class BatchModes"):
         assert gone not in text, gone
     assert not (PACKAGE / "verify" / "vllm_runner.py").exists()
-    assert (PACKAGE / "integration" / "sharded_verify.py").is_file()
+    assert (PACKAGE / "integration" / "sharded_verify" / "sampler.py").is_file()
 
 
 def test_one_backend_rule():

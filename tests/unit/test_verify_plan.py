@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from testkit.verify_hist_step import hist_plan
 from testkit.verify_simulate import plan_for_layout, simulate_sharded_verify
 from vllm_kimi_ext.verify import (
     Fallback,
@@ -17,7 +18,7 @@ from vllm_kimi_ext.verify import (
     full_gather_bytes_per_row,
     plan_from_params,
 )
-from vllm_kimi_ext.verify.step_plan import FALLBACK_REASONS
+from vllm_kimi_ext.verify.protocol import FALLBACK_REASONS
 
 KIMI_V = 163840
 KIMI_S = KIMI_V // 8
@@ -46,7 +47,7 @@ def test_plan_numbers_per_mode():
     assert [(r.name, r.width) for r in topk.rounds] == [("stats+candidates", 5 + 2 * 128)]
     assert topk.bytes_sent_per_rank == rows * 4 * (5 + 2 * 128)
     assert _plan([{"temperature": 0.7, "top_k": 300}] * 16).candidates == 300
-    top_p = _plan([{"temperature": 1.0, "top_p": 0.95}] * 16, escalation="hist")
+    top_p = hist_plan(_plan([{"temperature": 1.0, "top_p": 0.95}] * 16))
     # bf16 top-p at 16 requests with the histogram escalation (three small rounds, the last
     # one also carrying one whole-row slot for rows it cannot cut exactly): fewer bytes
     # than 16 whole rows
@@ -55,21 +56,21 @@ def test_plan_numbers_per_mode():
         ("hist-boundary", 16, 256, 4), ("hist-stats+rows", 1, 16 * 16 + KIMI_S * 2, 1)]
     assert top_p.escalation == "hist" and top_p.row_fallback_slots == 1
     assert top_p.bytes_per_escalated_row_per_rank == 2048 + 1024 + 16 + KIMI_S * 2 / 16
-    rows_p = _plan([{"temperature": 1.0, "top_p": 0.95}] * 16, escalation="rows")
+    rows_p = _plan([{"temperature": 1.0, "top_p": 0.95}] * 16)
     assert [(r.name, r.rows, r.width, r.element_bytes) for r in rows_p.rounds][1:] == [
         ("escalation", 16, KIMI_S, 2)]
     assert rows_p.bytes_per_escalated_row_per_rank == 40_960
-    # the default is whole rows at every batch: measured on a GPU, the step with the
-    # histogram escalation is slower despite its fewer bytes (step_plan.DEFAULT_ESCALATION)
+    # the package plans whole rows at every batch: measured on a GPU, the step with the
+    # histogram escalation (the test kit's) is slower despite its fewer bytes
     for n in (1, 9, 10, 16, 64, 256):
         plan = _plan([{"temperature": 1.0, "top_p": 0.95}] * n)
-        assert (plan.escalation, plan.row_fallback_slots) == ("rows", 0), n
+        assert plan.escalation == "rows" and [r.name for r in plan.rounds][1:] == [
+            "escalation"], n
     # float32 logits and probabilistic drafts: whole rows only
-    assert _plan([{"temperature": 1.0, "top_p": 0.95}] * 16, logits_bytes=4).escalation == "rows"
-    assert _plan([{"temperature": 1.0, "top_p": 0.95}] * 16,
-                 probabilistic=True).escalation == "rows"
     with pytest.raises(ValueError, match="16-bit"):
-        _plan([{"temperature": 1.0, "top_p": 0.95}] * 16, logits_bytes=4, escalation="hist")
+        hist_plan(_plan([{"temperature": 1.0, "top_p": 0.95}] * 16, logits_bytes=4))
+    with pytest.raises(ValueError, match="16-bit"):
+        hist_plan(_plan([{"temperature": 1.0, "top_p": 0.95}] * 16, probabilistic=True))
     assert _plan([{"temperature": 1.0, "top_p": 0.95, "top_k": 20}] * 16).escalation_slots == 0
     minp = _plan([{"temperature": 1.0, "min_p": 0.1}] * 16)
     assert minp.escalation_slots == 16
@@ -128,7 +129,7 @@ def test_plan_from_params_sharded_and_collective_count():
     plan = _plan(params)
     assert isinstance(plan, StepPlan)
     assert [r.name for r in plan.rounds] == ["stats+candidates", "escalation"]
-    assert [r.name for r in _plan(params, escalation="hist").rounds] == [
+    assert [r.name for r in hist_plan(_plan(params)).rounds] == [
         "stats+candidates", "hist-coarse", "hist-boundary", "hist-stats+rows"]
     assert _plan(params[:1]).num_collectives == 1
     assert _plan(params[1:2], probabilistic=True).num_collectives == 1  # top-k: no residual
@@ -142,7 +143,7 @@ def test_plan_from_params_sharded_and_collective_count():
     sharded = _plan(kimi)
     assert isinstance(sharded, StepPlan)
     assert (sharded.escalation_slots, sharded.num_collectives) == (2, 2)  # rows: 2 slots
-    assert _plan(kimi, escalation="hist").num_collectives == 4
+    assert hist_plan(_plan(kimi)).num_collectives == 4
 
 
 @pytest.mark.parametrize("field,value,reason", [
@@ -163,7 +164,7 @@ def test_plan_from_params_sharded_and_collective_count():
 def test_fallback_reasons_are_counted_and_logged(field, value, reason, caplog):
     counter = FallbackCounter()
     p = SimpleNamespace(temperature=0.8, **{field: value})
-    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.verify.step_plan"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_kimi_ext.verify.protocol"):
         fb = _plan([SimpleNamespace(temperature=0.0), p], counter=counter,
                    top_p_sharded=False)
     assert isinstance(fb, Fallback) and fb.reason == reason
@@ -200,3 +201,21 @@ def test_group_coordinator_adapter_shapes():
     out = ag(x)
     assert out.shape == (4, 3, 2)
     assert torch.equal(out[2], x + 2)
+
+
+@pytest.mark.parametrize("top_k", [KIMI_V, KIMI_V + 1, -1, 0])
+def test_a_top_k_of_the_whole_vocabulary_is_no_cut(top_k):
+    """vLLM treats ``top_k >= V`` (and ``<= 0``) as off: the plan is the uncut one (one
+    stats-only all-gather, captured), never 128 candidates per row plus nothing certified,
+    and the step's device inputs carry 0 (planted ``0 < k <= vocab_size`` in the plan ->
+    a candidates round)."""
+    from vllm_kimi_ext.verify.step_io import StepInputs
+
+    plain = _plan([{"temperature": 1.0}] * 4)
+    assert _plan([{"temperature": 1.0, "top_k": top_k}] * 4) == plain
+    assert plain.stats_only and plain.candidates == 0 and plain.num_collectives == 1
+    one = torch.ones(1)
+    inp = StepInputs.from_requests(torch.tensor([0, 2]), torch.tensor([5, -1]), one,
+                                   torch.zeros(1, dtype=torch.long), torch.arange(2),
+                                   torch.tensor([top_k]), torch.zeros(1), one, KIMI_V)
+    assert inp.top_k.tolist() == [0, 0]

@@ -10,6 +10,7 @@ outputs are overwritten by the next replay).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -18,7 +19,7 @@ import torch
 import vllm_kimi_ext.verify.graph_step as gs
 from testkit.verify_replay import replay_steps
 from vllm_kimi_ext.verify import GraphVerifyStep, StepGraphs, StepInputs, VerifyBatch
-from vllm_kimi_ext.verify.step_plan import plan_from_params
+from vllm_kimi_ext.verify.protocol import plan_from_params
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 SIZES = (1, 2, 4, 8, 16, 24)
@@ -35,9 +36,11 @@ def test_many_steps_replay_equal_to_eager_and_outputs_are_copies():
 def test_hist_escalation_replays_equal_to_eager(monkeypatch):
     """The histogram escalation inside the captured steps (the stand-in replays it on the
     static buffers): fixed shapes, no host read."""
+    import testkit.verify_hist_step as hs
+
     calls = []
-    real = gs.escalate_hist
-    monkeypatch.setattr(gs, "escalate_hist", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = hs.escalate_hist
+    monkeypatch.setattr(hs, "escalate_hist", lambda *a, **k: calls.append(1) or real(*a, **k))
     rep = replay_steps(40, max_reqs=8, capture_sizes=(2, 4, 8), seed=11, escalation="hist")
     assert rep.steps == rep.replayed == 40 and rep.uncaptured == {}
     assert rep.escalated_rows > 0 and calls
@@ -105,3 +108,71 @@ def test_graphs_warmed_up_for_bare_cuda_are_found_by_the_logits_device(monkeypat
     monkeypatch.setattr(graphs, "_capture", lambda q, fl, dtype, dev, qw: seen.append(str(dev)))
     graphs.warm_up(torch.bfloat16, "cuda")
     assert seen and set(seen) == {"cuda:3"}
+
+
+# ---------------------------------------------------------------------------
+# the graph cache's contract with its caller
+# ---------------------------------------------------------------------------
+def _case(n: int, draft_len: int, V: int = 600, seed: int = 0):
+    """``n`` requests of ``draft_len`` drafts each (greedy, temperature, top-k, Kimi's
+    top-p cycled) and the step's plan with ``draft_len + 1`` rows per request."""
+    g = torch.Generator().manual_seed(seed)
+    modes = [{"temperature": 0.0}, {"temperature": 0.8}, {"temperature": 1.0, "top_k": 20},
+             {"temperature": 1.0, "top_p": 0.95}]
+    params = [modes[i % len(modes)] for i in range(n)]
+    b = VerifyBatch.from_draft_tokens(
+        torch.randint(0, V, (n, draft_len), generator=g), [p["temperature"] for p in params],
+        torch.randint(0, 2**40, (n,), generator=g), top_k=[p.get("top_k", 0) for p in params],
+        top_p=[p.get("top_p", 1.0) for p in params])
+    z = torch.randn(b.num_rows, V, generator=g) * 0.05  # flat rows: top-p escalates
+    d = b.layout().draft
+    rows = (d >= 0).nonzero().squeeze(1)
+    z[rows, d[rows]] += 5.5  # drafts likely: requests reach their later rows
+    plan = plan_from_params(params, tp_size=1, vocab_size=V, num_rows=b.num_rows,
+                            max_rows_per_req=draft_len + 1, shard_width=V)
+    return z.to(torch.bfloat16), StepInputs.from_layout(b.layout(), V), plan
+
+
+def _graphs(V=600, max_reqs=4, rows_per_req=4):
+    step = GraphVerifyStep(V, 1, 0, lambda t: t[None], backend="torch")
+    graphs = StepGraphs(step, max_reqs=max_reqs, rows_per_req=rows_per_req,
+                        capture_sizes=(2, 4))
+    graphs.warm_up(torch.bfloat16, "cpu")
+    return step, graphs
+
+
+def _eager(step, graphs, z, inp, plan):
+    size = next(c for c in graphs.capture_sizes if c >= plan.num_reqs)
+    if plan.escalation_slots:  # the padded plan's slots (one per padded request)
+        plan = dataclasses.replace(plan, escalation_slots=min(size, plan.num_rows))
+    return step.run(z, inp, plan)
+
+
+@pytest.mark.parametrize("draft_len", [0, 1, 2])
+def test_a_step_with_fewer_rows_than_captured_lands_at_the_captured_width(draft_len):
+    """Captured with 4 rows per request, a step whose requests have 1-3 rows replays the
+    graph: request i's rows sit at i x 4 (the captured width), not at i x the plan's width
+    (planted ``dst = req_of_row * plan.max_rows_per_req + row_in_req``: tokens differ)."""
+    step, graphs = _graphs()
+    for seed in range(3):
+        z, inp, plan = _case(4, draft_len, seed=seed)
+        got = graphs(z, inp, plan)
+        want = _eager(step, graphs, z, inp, plan)
+        assert torch.equal(got.num_sampled, want.num_sampled), (draft_len, seed)
+        assert torch.equal(got.sampled, want.sampled[:, :plan.max_rows_per_req]), (draft_len,
+                                                                                    seed)
+    assert graphs.replayed == 3 and graphs.uncaptured == {}
+
+
+def test_a_step_with_one_row_per_request_too_many_runs_eagerly():
+    """Captured with 4 rows per request, a step with 5 never replays a graph (its rows
+    would overlap the next request's): it runs eagerly, counted as ``rows_per_request``
+    (planted: the check dropped from ``_reason`` -> replayed, tokens differ)."""
+    step, graphs = _graphs()
+    z, inp, plan = _case(2, 4, seed=1)
+    assert plan.max_rows_per_req == 5
+    got = graphs(z, inp, plan)
+    want = step.run(z, inp, plan)
+    assert graphs.replayed == 0 and graphs.uncaptured == {"rows_per_request": 1}
+    assert torch.equal(got.sampled, want.sampled) and torch.equal(got.num_sampled,
+                                                                  want.num_sampled)

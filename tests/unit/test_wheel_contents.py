@@ -88,8 +88,15 @@ def test_wheel_has_every_module_and_data_file_of_the_package(built):
     assert shipped - expected == set(), "in the wheel but not tracked in the package"
     for must in (f"{PACKAGE}/plugin.py", f"{PACKAGE}/series.json",
                  f"{PACKAGE}/tokenizers/tokenization_kimi.py",
-                 f"{PACKAGE}/costmodel/profiles/models/kimi-k2.5.json"):
+                 f"{PACKAGE}/costmodel/profiles/models/kimi-k2.5.json",
+                 f"{PACKAGE}/verify/protocol.py", f"{PACKAGE}/integration/handover.json",
+                 f"{PACKAGE}/integration/sharded_verify/sampler.py"):
         assert must in shipped
+    # what serving cannot run stays out: the histogram escalation (measured slower, no
+    # setting selects it), its kernels and its measured report live in the test kit
+    for gone in (f"{PACKAGE}/verify/step_hist.py", f"{PACKAGE}/verify/_hist_kernels.py",
+                 f"{PACKAGE}/costmodel/profiles/verify/verify_hist_h200.json"):
+        assert gone not in shipped
 
 
 def test_wheel_declares_the_plugin_and_the_command(built):

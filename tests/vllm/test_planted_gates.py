@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from testkit.runner_stand_ins import stand_in_batch, stand_in_runner
-from vllm_kimi_ext.integration import sharded_verify as vllm_runner
-from vllm_kimi_ext.integration.sharded_verify import ineligibility
+from vllm_kimi_ext.integration.sharded_verify import gate
+from vllm_kimi_ext.integration.sharded_verify.gate import ineligibility
 
 pytestmark = pytest.mark.vllm
 
@@ -44,7 +44,7 @@ def _sampler_classes():
 
 def test_the_real_sampler_passes():
     sampler, _ = _sampler_classes()
-    assert vllm_runner.type_name(object.__new__(sampler)) in vllm_runner.SAMPLER_TYPES
+    assert gate.type_name(object.__new__(sampler)) in gate.SAMPLER_TYPES
     assert ineligibility(_runner_with_real_sampler(sampler), stand_in_batch(2), None, 8, V) \
         is None
 
@@ -76,14 +76,14 @@ def _runner_with_real_processors(classes):
 
 
 def test_the_real_built_in_logits_processors_pass():
-    real = [_resolve(n) for n in vllm_runner.SAFE_LOGITS_PROCESSOR_TYPES]
+    real = [_resolve(n) for n in gate.SAFE_LOGITS_PROCESSOR_TYPES]
     assert ineligibility(_runner_with_real_processors(real), stand_in_batch(2), None, 8, V) \
         is None
 
 
 @pytest.mark.parametrize("which", range(3), ids=["logit_bias", "penalties", "bad_words"])
 def test_a_subclass_of_a_built_in_logits_processor_is_refused(which):
-    real = [_resolve(n) for n in vllm_runner.SAFE_LOGITS_PROCESSOR_TYPES]
+    real = [_resolve(n) for n in gate.SAFE_LOGITS_PROCESSOR_TYPES]
     real[which] = _subclass(real[which])
     assert ineligibility(_runner_with_real_processors(real), stand_in_batch(2), None, 8, V) \
         == "logits_processors"
@@ -92,7 +92,7 @@ def test_a_subclass_of_a_built_in_logits_processor_is_refused(which):
 def test_a_custom_processor_on_vllms_interface_is_refused():
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
-    real = [_resolve(n) for n in vllm_runner.SAFE_LOGITS_PROCESSOR_TYPES]
+    real = [_resolve(n) for n in gate.SAFE_LOGITS_PROCESSOR_TYPES]
     custom = type("NoRepeat", (LogitsProcessor,), {"__module__": "my_plugin",
                                                    "apply": lambda self, *a, **k: None})
     runner = _runner_with_real_processors(real + [custom])

@@ -124,29 +124,31 @@ def test_verify_phase_label_is_active_inside_vllms_rejection_sampler(clean_runti
 
 
 def test_sampler_patch_remembers_params_then_runs_vllms_add_request(monkeypatch):
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.gate import request_params
     from vllm_kimi_ext.runtime.sampler import SamplerRememberParams as P
 
     sampler = SimpleNamespace(sampling_states=SimpleNamespace(add_request=_raise))
     with pytest.raises(Sentinel):  # vLLM's add_request reached its first line
         P.__dict__["add_request"](sampler, 3, "params-3")
-    assert vllm_runner.request_params(sampler, np.array([3])) == ["params-3"]
+    assert request_params(sampler, np.array([3])) == ["params-3"]
 
 
 def _raise(*_a, **_k):
     raise Sentinel
 
 
-def test_sharded_verify_patch_hands_vllms_sample_to_sample_step(monkeypatch):
+def test_sharded_verify_patch_hands_vllms_sample_to_the_runners_sampler(monkeypatch):
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
     from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerShardedVerify as P
 
     got = []
-    monkeypatch.setattr(vllm_runner, "sample_step", lambda *a: got.append(a) or "out")
-    assert P.__dict__["sample"]("runner", "h", "batch", "grammar") == "out"
-    assert got == [("runner", GPUModelRunner.sample, "h", "batch", "grammar")]
+    monkeypatch.setattr(ShardedSampler, "sample", lambda *a: got.append(a) or "out")
+    runner = SimpleNamespace()
+    assert P.__dict__["sample"](runner, "h", "batch", "grammar") == "out"
+    s = vars(runner)[ShardedSampler.ATTR]
+    assert got == [(s, GPUModelRunner.sample, "h", "batch", "grammar")] and s.runner is runner
 
 
 def test_capture_model_patch_warms_the_verification_graphs_up(monkeypatch):
@@ -154,24 +156,25 @@ def test_capture_model_patch_warms_the_verification_graphs_up(monkeypatch):
     a vLLM attribute the warm-up reads missing: nothing captured, logged, no crash."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
     from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerShardedVerify as P
 
     calls = []
+    runner = SimpleNamespace()
     monkeypatch.setattr(GPUModelRunner, "capture_model",
                         lambda self, **kw: calls.append(("vllm", kw)) or 7)
     monkeypatch.setattr(P, "original", staticmethod(lambda name: getattr(GPUModelRunner, name)))
-    monkeypatch.setattr(vllm_runner, "warm_up", lambda runner: calls.append(("ours", runner)))
-    assert P.__dict__["capture_model"]("runner") == 7
-    assert P.__dict__["capture_model"]("runner", profile_only=True) == 7
-    assert calls == [("vllm", {}), ("ours", "runner"), ("vllm", {"profile_only": True})]
+    monkeypatch.setattr(ShardedSampler, "warm_up", lambda s: calls.append(("ours", s.runner)))
+    assert P.__dict__["capture_model"](runner) == 7
+    assert P.__dict__["capture_model"](runner, profile_only=True) == 7
+    assert calls == [("vllm", {}), ("ours", runner), ("vllm", {"profile_only": True})]
     monkeypatch.undo()
 
     class Broken:  # no rejection_sampler, model, ... (an upstream rename)
         pass
 
     monkeypatch.setattr("vllm.distributed.get_tp_group", lambda: type("G", (), {"world_size": 2}))
-    assert vllm_runner.warm_up(Broken()) == 0
+    assert ShardedSampler(Broken()).warm_up() == 0
 
 
 def _runner(params, *, tp_vocab=1000):
@@ -223,36 +226,32 @@ def test_patched_sample_runs_stock_and_counts_a_top_p_fallback(tp8, stock_sample
     """A top-p step that must fall back: vLLM's sample runs with the runner's own
     arguments, the sharded path does not, and the reason is counted once."""
     from testkit.runner_stand_ins import stand_in
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 
-    monkeypatch.setattr(vllm_runner, "sharded_sample", _raise)
+    monkeypatch.setattr(ShardedSampler, "sharded_sample", _raise)
     runner, batch = _runner(params), _batch(1)
     if extra == "fourth_processor":
         runner.sampler.logits_processors.append(stand_in("my_plugin.BanTokens"))
     if extra == "missing_attribute":
         del runner.sampler.trace_replay_state
-    before = vllm_runner.FALLBACKS.as_dict()
     assert _patched_sample(runner, batch) == "stock"
     assert stock_sample == [(runner, "h", batch, None)]
-    after = vllm_runner.FALLBACKS.as_dict()
-    assert after.get(reason, 0) == before.get(reason, 0) + 1
-    assert sum(after.values()) == sum(before.values()) + 1
+    assert ShardedSampler.of(runner).telemetry.fallbacks.as_dict() == {reason: 1}
 
 
 def test_patched_sample_verifies_a_kimi_top_p_step_sharded(tp8, stock_sample, monkeypatch):
     """T=1.0 and T=0.6 with top_p 0.95 (Kimi's recommended settings): sharded, uncounted."""
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 
     seen = []
-    monkeypatch.setattr(vllm_runner, "sharded_sample",
-                        lambda r, h, b, make, plan: seen.append((make(125).tp_size,
-                                                                  plan.escalation_slots))
+    monkeypatch.setattr(ShardedSampler, "sharded_sample",
+                        lambda s, h, b, plan: seen.append((s.verifier(125).tp_size,
+                                                           plan.escalation_slots))
                         or "sharded")
-    before = vllm_runner.FALLBACKS.as_dict()
     runner = _runner([{"temperature": 1.0, "top_p": 0.95}, {"temperature": 0.6, "top_p": 0.95}])
     assert _patched_sample(runner, _batch(2)) == "sharded"
     assert seen == [(8, 2)] and stock_sample == []  # the gate's plan: one slot per request
-    assert vllm_runner.FALLBACKS.as_dict() == before
+    assert ShardedSampler.of(runner).telemetry.fallbacks.as_dict() == {}
 
 
 def test_with_the_batch_sharder_a_large_top_p_step_runs_vllms_sample(tp8, stock_sample,
@@ -260,50 +259,50 @@ def test_with_the_batch_sharder_a_large_top_p_step_runs_vllms_sample(tp8, stock_
     """Both on: a Kimi T=1.0 top-p step of 32 requests (priced faster batch-sharded at
     k = 3) runs vLLM's own sample (which shards it by batch), counted as handed over and
     not as a fallback; one of 2 requests and a greedy one of 32 run sharded."""
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 
     monkeypatch.delenv("VLLM_KIMI_EXT_SHARDED_VERIFY_HANDOFF", raising=False)
-    monkeypatch.setattr(vllm_runner, "sharded_sample", lambda *a: "sharded")
-    monkeypatch.setitem(vllm_runner._state, "handed", 0)
-    before = vllm_runner.FALLBACKS.as_dict()
+    monkeypatch.setattr(ShardedSampler, "sharded_sample", lambda *a: "sharded")
+    counts = []
 
     def run(params):
         runner = _runner(params)
         runner.batch_sharder = object()
-        return _patched_sample(runner, _batch(len(params)))
+        out = _patched_sample(runner, _batch(len(params)))
+        t = ShardedSampler.of(runner).telemetry
+        counts.append((t.handed, t.steps, t.fallbacks.as_dict()))
+        return out
 
     assert run([{"temperature": 1.0, "top_p": 0.95}] * 32) == "stock"
-    assert len(stock_sample) == 1 and vllm_runner._state["handed"] == 1
+    assert len(stock_sample) == 1 and counts[-1] == (1, 0, {})
     assert run([{"temperature": 1.0, "top_p": 0.95}] * 2) == "sharded"
     assert run([{"temperature": 0.0}] * 32) == "sharded"
-    assert len(stock_sample) == 1 and vllm_runner._state["handed"] == 1
-    assert vllm_runner.FALLBACKS.as_dict() == before
+    assert len(stock_sample) == 1 and counts[1:] == [(0, 1, {}), (0, 1, {})]
 
 
-def test_sample_step_does_not_count_a_step_without_drafts(tp8, monkeypatch):
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+def test_sample_does_not_count_a_step_without_drafts(tp8, monkeypatch):
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 
-    before = vllm_runner.FALLBACKS.as_dict()
-    out = vllm_runner.sample_step(_runner([{"temperature": 0.0}]), lambda *a: "stock", "h",
-                                  _batch(1, 0), None)
-    assert out == "stock" and vllm_runner.FALLBACKS.as_dict() == before
+    s = ShardedSampler(_runner([{"temperature": 0.0}]))
+    out = s.sample(lambda *a: "stock", "h", _batch(1, 0), None)
+    assert out == "stock" and s.telemetry.fallbacks.as_dict() == {}
 
 
-def test_sample_step_verifies_an_eligible_step_over_shards(tp8, monkeypatch):
-    from vllm_kimi_ext.integration import sharded_verify as vllm_runner
+def test_sample_verifies_an_eligible_step_over_shards(tp8, monkeypatch):
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
     from vllm_kimi_ext.verify import ranks
 
     monkeypatch.setattr(ranks, "group_coordinator_all_gather", lambda group: "gather")
     made = []
 
-    def fake_sharded_sample(runner, hidden, batch, make_verifier, plan=None):
-        made.append(make_verifier(125))
-        made.append(make_verifier(125))  # cached per shard width
+    def fake_sharded_sample(self, hidden, batch, plan=None):
+        made.append(self.verifier(125))
+        made.append(self.verifier(125))  # cached per shard width
         return "sharded"
 
-    monkeypatch.setattr(vllm_runner, "sharded_sample", fake_sharded_sample)
+    monkeypatch.setattr(ShardedSampler, "sharded_sample", fake_sharded_sample)
     runner = _runner([{"temperature": 0.0}, {"temperature": 0.8, "top_k": 20}])
-    out = vllm_runner.sample_step(runner, _raise, "h", _batch(2), None)
+    out = ShardedSampler.of(runner).sample(_raise, "h", _batch(2), None)
     assert out == "sharded"
     assert made[0] is made[1] and made[0].shard_width == 125 and made[0].tp_size == 8
 

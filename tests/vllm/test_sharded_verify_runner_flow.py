@@ -1,4 +1,5 @@
-"""The runner integration's data flow (vllm_kimi_ext.integration.sharded_verify.sharded_sample)
+"""The runner integration's data flow
+(vllm_kimi_ext.integration.sharded_verify.sampler.ShardedSampler.sharded_sample)
 on CPU: vLLM's input-batch layout and ``SamplingStates`` in, vLLM's ``SamplerOutput``
 out, decisions equal to the full-logits reference token for token — at TP=1 and at
 TP=2 (one thread per rank, each computing only its vocabulary shard), with Kimi's
@@ -92,7 +93,8 @@ def _case(temps, top_p, probabilistic, seed=0):
 
 def _run(case, tp):
     from testkit.verify_simulate import run_ranks, shard_columns
-    from vllm_kimi_ext.integration.sharded_verify import _PARAMS_ATTR, _Eager, sharded_sample
+    from vllm_kimi_ext.integration.sharded_verify.gate import PARAMS_ATTR
+    from vllm_kimi_ext.integration.sharded_verify.sampler import EagerStep, ShardedSampler
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 
     shards = shard_columns(case.logits, tp, V)
@@ -102,20 +104,18 @@ def _run(case, tp):
         sampler = SimpleNamespace(
             sampling_states=case.states,
             req_states=SimpleNamespace(prefill_len=SimpleNamespace(gpu=torch.zeros(8))))
-        setattr(sampler, _PARAMS_ATTR, case.params)
+        setattr(sampler, PARAMS_ATTR, case.params)
         runner = SimpleNamespace(
             sampler=sampler,
             model=SimpleNamespace(compute_logits_local=lambda h: shards[rank][:h.shape[0]]),
             rejection_sampler=SimpleNamespace(num_speculative_steps=K),
             speculator=SimpleNamespace(draft_logits=cache))
-        made = []
-
-        def make_verifier(width):
-            made.append(_Eager(GraphVerifyStep(V, tp, rank, all_gather, shard_width=width)))
-            return made[-1]
-
-        out = sharded_sample(runner, case.logits, case.batch, make_verifier)
-        return out, made[0].last_plan
+        width = shards[rank].shape[1]
+        s = ShardedSampler(runner)  # this rank's step over run_ranks' all-gather, eager
+        s.verifiers[width] = EagerStep(GraphVerifyStep(V, tp, rank, all_gather,
+                                                       shard_width=width))
+        out = s.sharded_sample(case.logits, case.batch)
+        return out, s.verifiers[width].last_plan
 
     return run_ranks(tp, rank_fn)
 

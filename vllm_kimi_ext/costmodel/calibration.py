@@ -30,6 +30,7 @@ from typing import Any
 
 from vllm_kimi_ext.costmodel.acceptance import Acceptance, from_spec
 from vllm_kimi_ext.costmodel.catalog import (
+    DEFAULT_HARDWARE,
     HardwareProfile,
     ProfileError,
     load_draft,
@@ -53,7 +54,7 @@ DIFFERENCES = ("image", "kernels", "host")
 #: Parameters fitted by default: all but the kernel gap, which at every measured point
 #: trades off one for one against the bandwidth fraction and the fixed overheads.
 FIT_DEFAULT = tuple(n for n in FITTED if n != "kernel_gap_us")
-PROFILE = "rtx-pro-6000-pcie-x8"
+PROFILE = DEFAULT_HARDWARE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,10 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_kimi_ext import patch_ids
+from vllm_kimi_ext.facts import HARDWARE_PROFILE
 from vllm_kimi_ext.patchset import PatchSetError
 from vllm_kimi_ext.user_input import UserInputError
 
 KINDS = ("models", "hardware", "latency", "drafts")
+#: The hardware profile the project is for (8x RTX PRO 6000, PCIe only): the CLI's default
+#: and the box every generated table is priced on.
+DEFAULT_HARDWARE = HARDWARE_PROFILE
 _SINGULAR = {"models": "model", "hardware": "hardware", "latency": "latency table",
              "drafts": "draft"}
 

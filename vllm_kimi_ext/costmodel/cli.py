@@ -21,11 +21,11 @@ import json
 import math
 from pathlib import Path
 
-from vllm_kimi_ext.facts import HARDWARE_PROFILE
-from vllm_kimi_ext.outputs import strict
+from vllm_kimi_ext.costmodel.catalog import DEFAULT_HARDWARE
+from vllm_kimi_ext.jsonsafe import strict
 from vllm_kimi_ext.user_input import EXIT_FINDINGS, EXIT_OK, UsageError, one_line_errors
 
-DEFAULT_HARDWARE = HARDWARE_PROFILE
+__all__ = ["DEFAULT_HARDWARE", "strict"]
 DEFAULT_MODEL = "kimi-k2.5"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -338,10 +338,11 @@ def check_mode_args(args, mode: str) -> None:
 
 def _run_verify_cost(args) -> int:
     from vllm_kimi_ext.costmodel import verify_cost
+    from vllm_kimi_ext.costmodel import verify_measured as vm
     from vllm_kimi_ext.costmodel.verify_report import BATCHES, verify_text
 
     cm, _ = _build(args)
-    meas = (verify_cost.load_report(args.verify_report) if args.verify_report is not None
+    meas = (vm.load_report(args.verify_report) if args.verify_report is not None
             else verify_cost.measurements())
     batches = BATCHES if args.batch in BATCHES else tuple(sorted((*BATCHES, args.batch)))
     print(verify_text(cm, meas, batches))

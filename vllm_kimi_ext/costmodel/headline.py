@@ -40,7 +40,12 @@ from vllm_kimi_ext.costmodel.acceptance import (
     mean_field_to_card_ratio,
     point_for,
 )
-from vllm_kimi_ext.costmodel.catalog import DraftProfile, list_profiles, load_draft
+from vllm_kimi_ext.costmodel.catalog import (
+    DEFAULT_HARDWARE,
+    DraftProfile,
+    list_profiles,
+    load_draft,
+)
 from vllm_kimi_ext.costmodel.evidence import Evidence, evidence
 from vllm_kimi_ext.costmodel.explain import caveats, explain
 from vllm_kimi_ext.costmodel.interval import Calibrated, calibrated
@@ -51,7 +56,7 @@ from vllm_kimi_ext.costmodel.recommend import DEFAULT_TOLERANCE, MAX_K, pick, re
 BATCH = 1
 CONTEXT = 1024
 TARGET = "Kimi-K2.5"
-PCIE = "rtx-pro-6000-pcie-x8"
+PCIE = DEFAULT_HARDWARE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any
 from vllm_kimi_ext.costmodel import draft_cost, verify_cost
 from vllm_kimi_ext.costmodel.acceptance import Acceptance
 from vllm_kimi_ext.costmodel.catalog import (
+    DEFAULT_HARDWARE,
     DraftProfile,
     HardwareProfile,
     ModelProfile,
@@ -211,7 +212,7 @@ class CostModel:
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def build(cls, hardware: str | HardwareProfile = "rtx-pro-6000-pcie-x8",
+    def build(cls, hardware: str | HardwareProfile = DEFAULT_HARDWARE,
               model: str | ModelProfile = "kimi-k2.5", params: CalibParams | str = "calibrated",
               count_mode: str = "profile", latency: str | LatencyTable | None = None
               ) -> CostModel:

@@ -42,26 +42,17 @@ size prices the step at its largest round.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-from importlib import resources
-from pathlib import Path
-from typing import Any
 
-from vllm_kimi_ext.costmodel.catalog import ProfileError, require
+from vllm_kimi_ext.costmodel.verify_measured import (
+    KIMI_MODES,
+    MODES,
+    REPORT_NAME,
+    VerifyMeasurements,
+    measurements,
+)
+from vllm_kimi_ext.verify import protocol
 
-#: Where the graph-captured verify benchmark writes its report in a source checkout.
-REPORT_NAME = "bench/reports/verify_graph_vs_vllm_h200.json"
-#: The package's copy of that report (package data: the installed cost model reads nothing
-#: outside itself). ``nox -s docs`` refreshes it from :data:`REPORT_NAME`
-#: (:mod:`.verify_report`); a test keeps the two equal.
-DEFAULT_REPORT = Path(str(resources.files("vllm_kimi_ext.costmodel").joinpath(
-    "profiles", "verify", "verify_graph_vs_vllm_h200.json")))
-MODES = ("top_p_T1", "top_p_T0.6", "greedy", "topk_minp")
-#: Kimi's own API: temperature 1.0 with top_p 0.95 (0.6 / 0.95 in instant mode).
-KIMI_MODES = ("top_p_T1", "top_p_T0.6")
-MODE_TEMPERATURE = {"top_p_T1": 1.0, "top_p_T0.6": 0.6}
 VERIFIERS = ("stock", "sharded", "batch_sharded")
 VERIFIER_LABEL = {
     "stock": "stock vLLM 0.34.0 (logits all-gather)",
@@ -75,218 +66,6 @@ NOT_PRICED = "not measured: not priced"
 #: (``num_sampled``, ``num_rejected``; ``gather_sampler_output``).
 BATCH_SHARD_EXTRA_COLUMNS = 2
 INT64_BYTES = 8
-
-
-class VerifyReportError(ProfileError):
-    """A verify-step report that cannot be used; the message names the file and the field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyCase:
-    rows: int
-    k: int
-    mode: str
-    temperature: float
-    top_p: float | None
-    ours_graph_us: float
-    vllm_graph_us: float
-    payload_bytes_per_row_per_rank: float
-    rounds: int
-    #: vLLM's batch-sharded sampling, the busiest rank's graph-captured work for these
-    #: ``rows`` (shard plan, permute, verify on its owned rows, packed output); None in a
-    #: report measured before the benchmark had the column.
-    batch_sharded_us: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyMeasurements:
-    """The measured report: per-rank verify-step times on one GPU, with its provenance."""
-
-    cases: tuple[VerifyCase, ...]
-    hardware: Any
-    versions: Any
-    date: str
-    source: str
-
-    def hardware_text(self) -> str:
-        h = self.hardware
-        if isinstance(h, dict):
-            return str(h.get("gpu") or h.get("name") or json.dumps(h, sort_keys=True))
-        return str(h)
-
-    def series(self, k: int, mode: str) -> list[VerifyCase]:
-        return sorted((c for c in self.cases if c.k == k and c.mode == mode),
-                      key=lambda c: c.rows)
-
-    def at(self, k: int, mode: str, rows: float, field: str) -> float | None:
-        """``field`` at ``rows``: measured, or linear between the two nearest measured row
-        counts; None outside the measured range (or where the field was not measured)."""
-        pts = [(c.rows, float(getattr(c, field))) for c in self.series(k, mode)
-               if getattr(c, field) is not None]
-        for (r0, y0), (r1, y1) in zip(pts, pts[1:] + pts[-1:]):
-            if rows == r0:
-                return y0
-            if r0 < rows < r1:
-                return y0 + (y1 - y0) * (rows - r0) / (r1 - r0)
-        return None
-
-    def sharded_comm(self, k: int, mode: str, rows: float) -> tuple[float, int] | None:
-        """(payload bytes per row per rank per round, rounds) of the measured row counts
-        around ``rows`` (the larger of each), or None outside the measured range."""
-        if self.at(k, mode, rows, "ours_graph_us") is None:
-            return None
-        near = self.series(k, mode)
-        lo = max((c for c in near if c.rows <= rows), key=lambda c: c.rows)
-        hi = min((c for c in near if c.rows >= rows), key=lambda c: c.rows)
-        return (max(lo.payload_bytes_per_row_per_rank, hi.payload_bytes_per_row_per_rank),
-                max(lo.rounds, hi.rounds))
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading and the schema check
-# ---------------------------------------------------------------------------------------------
-
-
-def _positive_int(doc: dict, field: str, where: str) -> int:
-    v = require(doc, field, int, where, "a positive integer", positive=True)
-    return int(v)
-
-
-def _case(doc: Any, where: str) -> VerifyCase:
-    if not isinstance(doc, dict):
-        raise VerifyReportError(f"{where}: expected a JSON object, got {type(doc).__name__}")
-    mode = require(doc, "mode", str, where, f"one of {', '.join(MODES)}")
-    if mode not in MODES:
-        raise VerifyReportError(f"{where}: field 'mode' must be one of {', '.join(MODES)}, "
-                                f"got {mode!r}")
-    temperature = float(require(doc, "temperature", (int, float), where, "a number >= 0"))
-    if temperature < 0:
-        raise VerifyReportError(f"{where}: field 'temperature' must be >= 0, got {temperature}")
-    if "top_p" not in doc:
-        raise VerifyReportError(f"{where}: field 'top_p' is missing (expected a number in "
-                                "(0, 1], or null when off)")
-    top_p = doc["top_p"]
-    if top_p is not None:
-        top_p = float(require(doc, "top_p", (int, float), where, "a number in (0, 1] or null"))
-        if not 0.0 < top_p <= 1.0:
-            raise VerifyReportError(f"{where}: field 'top_p' must be in (0, 1] or null, "
-                                    f"got {top_p}")
-    if mode in MODE_TEMPERATURE:
-        if abs(temperature - MODE_TEMPERATURE[mode]) > 1e-9:
-            raise VerifyReportError(f"{where}: mode {mode!r} needs temperature "
-                                    f"{MODE_TEMPERATURE[mode]:g}, got {temperature:g}")
-        if top_p is None or top_p >= 1.0:
-            raise VerifyReportError(f"{where}: mode {mode!r} needs a top_p below 1, "
-                                    f"got {top_p!r}")
-    return VerifyCase(
-        rows=_positive_int(doc, "rows", where),
-        k=_positive_int(doc, "k", where),
-        mode=mode, temperature=temperature, top_p=top_p,
-        ours_graph_us=float(require(doc, "ours_graph_us", (int, float), where,
-                                    "a positive number of microseconds", positive=True)),
-        vllm_graph_us=float(require(doc, "vllm_graph_us", (int, float), where,
-                                    "a positive number of microseconds", positive=True)),
-        payload_bytes_per_row_per_rank=float(require(
-            doc, "payload_bytes_per_row_per_rank", (int, float), where,
-            "a positive number of bytes", positive=True)),
-        rounds=_positive_int(doc, "rounds", where),
-        batch_sharded_us=_optional_us(doc, "batch_sharded_us", where),
-    )
-
-
-def _optional_us(doc: dict, field: str, where: str) -> float | None:
-    """An optional timed column: absent or null is None, else a positive number."""
-    if doc.get(field) is None:
-        return None
-    return float(require(doc, field, (int, float), where,
-                         "a positive number of microseconds, or null", positive=True))
-
-
-def parse_report(doc: Any, where: str) -> VerifyMeasurements:
-    """The report's JSON checked field by field; :class:`VerifyReportError` names the first
-    problem (file, field, what was expected) in one line."""
-    try:
-        return _parse_report(doc, where)
-    except VerifyReportError:
-        raise
-    except ProfileError as exc:  # from catalog.require
-        raise VerifyReportError(str(exc)) from None
-
-
-def _parse_report(doc: Any, where: str) -> VerifyMeasurements:
-    if not isinstance(doc, dict):
-        raise VerifyReportError(f"{where}: expected a JSON object at the top level, "
-                                f"got {type(doc).__name__}")
-    for field in ("hardware", "versions"):
-        if field not in doc:
-            raise VerifyReportError(f"{where}: field {field!r} is missing (expected a "
-                                    "non-empty string or object)")
-        if not isinstance(doc[field], (str, dict)) or not doc[field]:
-            raise VerifyReportError(f"{where}: field {field!r} must be a non-empty string or "
-                                    f"object, got {doc[field]!r}")
-    date = require(doc, "date", str, where, "a non-empty string (when it was measured)")
-    if not date.strip():
-        raise VerifyReportError(f"{where}: field 'date' must be a non-empty string, got ''")
-    cases = require(doc, "cases", list, where, "a non-empty list of measured cases")
-    if not cases:
-        raise VerifyReportError(f"{where}: field 'cases' must be a non-empty list, got []")
-    parsed, seen = [], {}
-    for i, c in enumerate(cases):
-        case = _case(c, f"{where}: cases[{i}]")
-        key = (case.k, case.mode, case.rows)
-        if key in seen:
-            raise VerifyReportError(f"{where}: cases[{i}] repeats k={case.k}, mode "
-                                    f"{case.mode!r}, rows={case.rows} of cases[{seen[key]}] "
-                                    "(expected one measurement per case)")
-        seen[key] = i
-        parsed.append(case)
-    return VerifyMeasurements(tuple(parsed), doc["hardware"], doc["versions"], date, where)
-
-
-def load_report(path: str | Path) -> VerifyMeasurements:
-    """Read and check a report; every problem is one :class:`VerifyReportError` line."""
-    path = Path(path)
-    if not path.is_file():
-        raise VerifyReportError(f"{path}: no such verify-step report (expected the JSON "
-                                "written by the graph-captured verify benchmark)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise VerifyReportError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})"
-                                ) from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VerifyReportError(f"{path}: not valid JSON (line {exc.lineno}, column "
-                                f"{exc.colno}: {exc.msg})") from None
-    return parse_report(doc, str(path))
-
-
-@functools.lru_cache(maxsize=8)
-def _cached(path: str, mtime_ns: int) -> VerifyMeasurements:
-    return load_report(path)
-
-
-#: The same benchmark run with ``--escalation hist`` (k = 3, Kimi's two top-p modes): the
-#: step with the histogram escalation; the package reads its copy under ``profiles/verify/``.
-HIST_REPORT_NAME = "bench/reports/verify_hist_h200.json"
-DEFAULT_HIST_REPORT = Path(str(resources.files("vllm_kimi_ext.costmodel").joinpath(
-    "profiles", "verify", "verify_hist_h200.json")))
-
-
-def hist_measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
-    """The histogram escalation's measured report (default :data:`DEFAULT_HIST_REPORT`), or
-    None when it does not exist."""
-    return measurements(path if path is not None else DEFAULT_HIST_REPORT)
-
-
-def measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
-    """The measured report (default: :data:`DEFAULT_REPORT`), or None when it does not
-    exist. A report that exists but is malformed raises :class:`VerifyReportError`."""
-    p = Path(path) if path is not None else DEFAULT_REPORT
-    if not p.is_file():
-        return None
-    return _cached(str(p), p.stat().st_mtime_ns)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,8 +166,8 @@ def price_batch_sharded(cm, meas: VerifyMeasurements | None, batch: int, k: int,
 #: mode, T = 1.0 / top_p 0.95: what Kimi's API serves by default).
 DEFAULT_MODE = "top_p_T1"
 #: The constant the sharded-verifier row falls back to where the report has no measurement
-#: (one all-gather of 4 float32 per row per rank: the stats-only step without any cut).
-FALLBACK_BYTES_PER_ROW_PER_RANK = 16
+#: (one all-gather of the stats-only step's float32 columns per row per rank, no cut).
+FALLBACK_BYTES_PER_ROW_PER_RANK = protocol.STATS_ONLY_COLUMNS * protocol.FLOAT_BYTES
 
 
 def sharded_terms(cm, rows: float, k: int | None, mode: str = DEFAULT_MODE,
@@ -558,6 +337,20 @@ def handover(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> tuple[in
     return (None if c == "never" else int(c)), True
 
 
+def handover_table(cm, meas: VerifyMeasurements | None) -> dict:
+    """:func:`handover` for every measured k and every mode, as the serving side reads it
+    (``integration/handover.json``, written by ``nox -s docs``; the plugin never builds a
+    cost model): per k and mode the first batch handed over (None: never) and whether it
+    was priced."""
+    ks = sorted({c.k for c in meas.cases}) if meas is not None else []
+    return {
+        "source": f"{REPORT_NAME} ({'no report' if meas is None else meas.date}) priced on "
+                  f"the {cm.hw.name} collective model (costmodel/verify_cost.py)",
+        "k": {str(k): {mode: dict(zip(("from", "priced"), handover(cm, meas, k, mode)))
+                       for mode in MODES} for k in ks},
+    }
+
+
 def handover_words(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> str:
     """:func:`handover` in words: what both on runs at which batch."""
     start, priced = handover(cm, meas, k, mode)
@@ -663,134 +456,3 @@ def _both_on_markdown(cm, meas: VerifyMeasurements, k: int = 3) -> list[str]:
         + ("." if not stock_best else
            "; stock (one logits all-gather, no extra collective) is priced fastest at "
            + "; ".join(stock_best) + ", where both on still verifies over shards."), ""]
-
-
-# ---------------------------------------------------------------------------------------------
-# The sharded step's escalation: whole shard rows or the histogram rounds
-# ---------------------------------------------------------------------------------------------
-#: Escalation kinds of the sharded step (``verify.step_plan.ESCALATIONS``).
-ESCALATIONS = ("rows", "hist")
-#: Bytes one rank sends per escalated row in each all-gather of the histogram escalation,
-#: the buffers ``verify/step_hist.py`` allocates (``verify.step_plan.HIST_ROUNDS`` and
-#: ``HIST_STATS``: 256 float64 coarse bins, 256 int32 per-key counts of the boundary bin,
-#: 4 float32 statistics, the last round also carrying the whole-row slots); the cost model
-#: imports nothing outside itself, so a test keeps the two equal.
-HIST_ROUND_BYTES = (("hist-coarse", 256 * 8), ("hist-boundary", 256 * 4),
-                    ("hist-stats+rows", 4 * 4))
-#: Whole-row slots the histogram escalation keeps for rows it cannot cut exactly
-#: (``verify.step_plan.DEFAULT_ROW_FALLBACK_SLOTS``), sent in its last round.
-HIST_ROW_FALLBACK_SLOTS = 1
-#: Round 1 of a step with a cut: 5 statistics + 128 candidates as (value, id), float32
-#: (``verify.step_plan``: ``STAT_COLUMNS + 2 DEFAULT_CANDIDATES``).
-ROUND1_BYTES_PER_ROW = (5 + 2 * 128) * 4
-#: What the escalation's price is made of.
-ESCALATION_TIME_NOTE = ("modelled, not measured: its all-gathers priced on the PCIe model; "
-                        "no GPU timing of the histogram escalation at these rows, so the step's "
-                        "compute is the measured step with the whole-row escalation")
-#: ... and where the histogram step itself was measured.
-ESCALATION_MEASURED_NOTE = (f"its compute measured on one H200 ({HIST_REPORT_NAME}, CUDA graph), "
-                            "its all-gathers priced on the PCIe model")
-
-
-@dataclasses.dataclass(frozen=True)
-class EscalationPrice:
-    """The escalation rounds of one sharded top-p step (every request's first row escalated:
-    ``slots = B``), per rank, on the PCIe collective model."""
-
-    escalation: str
-    batch: int
-    slots: int
-    rounds: tuple[tuple[str, int], ...]  # (name, bytes sent per rank)
-    comm_us: float
-
-    @property
-    def bytes_per_rank(self) -> int:
-        return sum(b for _, b in self.rounds)
-
-    @property
-    def bytes_per_escalated_row_per_rank(self) -> float:
-        return self.bytes_per_rank / max(self.slots, 1)
-
-
-def price_escalation(cm, batch: int, escalation: str, slots: int | None = None
-                     ) -> EscalationPrice:
-    """The escalation's all-gathers at ``batch`` requests (``slots``: escalation slots,
-    default one per request), each priced as the existing rounds are (one NCCL all-gather
-    of ``TP x`` the bytes one rank sends)."""
-    if escalation not in ESCALATIONS:
-        raise ValueError(f"escalation must be one of {ESCALATIONS}, not {escalation!r}")
-    tp, v, b = cm.tp, cm.model.vocab_size, cm.model.dtype_bytes
-    E = batch if slots is None else slots
-    row = math.ceil(v / tp) * b
-    if escalation == "rows":
-        rounds = (("escalation", E * row),)
-    else:
-        F = min(HIST_ROW_FALLBACK_SLOTS, E)
-        rounds = tuple((name, E * w + (F * row if name.endswith("+rows") else 0))
-                       for name, w in HIST_ROUND_BYTES)
-    return EscalationPrice(escalation, batch, E, rounds,
-                           sum(_allgather_us(cm, nb * tp) for _, nb in rounds))
-
-
-def price_sharded_escalation(cm, meas: VerifyMeasurements | None, batch: int, k: int,
-                             mode: str, escalation: str,
-                             hist_meas: VerifyMeasurements | None = None) -> VerifyPrice:
-    """The sharded top-p step with the given escalation: round 1 (statistics + candidates)
-    and the escalation's rounds on the PCIe model; compute: the measured step (``meas``, the
-    whole-row escalation; for ``"hist"`` the step measured with it, ``hist_meas``, where that
-    report has these rows, else the whole-row step's as a model, see
-    :data:`ESCALATION_TIME_NOTE`). Not priced where the step is not measured."""
-    tp = cm.tp
-    rows = batch * (k + 1)
-    esc = price_escalation(cm, batch, escalation, min(batch, rows))
-    compute = None if meas is None else meas.at(k, mode, rows, "ours_graph_us")
-    hist_us = None
-    if escalation == "hist" and compute is not None and hist_meas is not None:
-        hist_us = hist_meas.at(k, mode, rows, "ours_graph_us")
-        compute = compute if hist_us is None else hist_us
-    if compute is None:
-        return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, None, 0.0, 0,
-                           0.0, 0.0, NOT_PRICED)
-    r1 = rows * ROUND1_BYTES_PER_ROW
-    sent = r1 + esc.bytes_per_rank
-    note = (f"{1 + len(esc.rounds)} NCCL all-gathers ({esc.bytes_per_escalated_row_per_rank:,.0f}"
-            f" B per escalated row per rank)")
-    if escalation == "hist":
-        note += "; escalation " + (ESCALATION_TIME_NOTE if hist_us is None
-                                   else ESCALATION_MEASURED_NOTE)
-    return VerifyPrice(f"sharded_{escalation}", batch, k, mode, rows, rows, compute,
-                       _allgather_us(cm, r1 * tp) + esc.comm_us, 1 + len(esc.rounds),
-                       sent, sent * (tp - 1), note)
-
-
-def escalation_markdown(cm, meas: VerifyMeasurements | None = None, k: int = 3,
-                        mode: str = DEFAULT_MODE,
-                        batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-                        hist_meas: VerifyMeasurements | None = None) -> list[str]:
-    """The table ``docs/sharded-verification.md`` shows: bytes per escalated row per rank and
-    the priced step with each escalation against batch-sharded sampling; a hist cell marked
-    ``*`` is modelled (no measured histogram step at its rows)."""
-    meas = meas if meas is not None else measurements()
-    hist_meas = hist_meas if hist_meas is not None else hist_measurements()
-    out = ["| batch | rows: B/escalated row/rank | hist: B/escalated row/rank | rows: comm µs "
-           "| hist: comm µs | sharded step, rows µs | sharded step, hist µs "
-           "| batch-sharded µs |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for B in batches:
-        er, eh = price_escalation(cm, B, "rows"), price_escalation(cm, B, "hist")
-        pr, ph = (price_sharded_escalation(cm, meas, B, k, mode, e, hist_meas)
-                  for e in ESCALATIONS)
-        bs = price_batch_sharded(cm, meas, B, k, mode)
-
-        def us(p: VerifyPrice) -> str:
-            if p.total_us is None:
-                return "not priced"
-            return f"{p.total_us:,.0f}" + ("*" if ESCALATION_TIME_NOTE in p.note else "")
-
-        out.append(f"| {B} | {er.bytes_per_escalated_row_per_rank:,.0f} | "
-                   f"{eh.bytes_per_escalated_row_per_rank:,.0f} | {er.comm_us:,.0f} | "
-                   f"{eh.comm_us:,.0f} | {us(pr)} | {us(ph)} | {us(bs)} |")
-    src = "no report" if hist_meas is None else f"{hist_meas.hardware_text()}, {hist_meas.date}"
-    return out + ["", f"k = {k}, {mode}, one escalated row per request, {cm.tp} ranks, "
-                  f"V = {cm.model.vocab_size}. The histogram step's compute is "
-                  f"{ESCALATION_MEASURED_NOTE} ({src}); a cell marked * is "
-                  f"{ESCALATION_TIME_NOTE}.", ""]

@@ -6,7 +6,9 @@ tables.
 ``python -m vllm_kimi_ext.costmodel.verify_report --write-docs DIR`` first copies the
 checkout's measured report (``DIR/../bench/reports/verify_graph_vs_vllm_h200.json``, checked
 first) into the package (``costmodel/profiles/verify/``, what the installed cost model
-reads), then updates the block in ``DIR/cost-model.md`` and writes
+reads), then updates the block in ``DIR/cost-model.md``, the serving side's handover
+thresholds (``integration/handover.json``, package data: the plugin never builds a cost
+model) and writes
 ``DIR/img/costmodel-verify.png`` (only when there is a report: nothing unmeasured is
 plotted); ``--check-docs DIR`` exits 1 when the copy or the block is stale. ``nox -s docs``
 runs it (``bench/harness/generated_docs.py``). Deterministic.
@@ -15,19 +17,26 @@ runs it (``bench/harness/generated_docs.py``). Deterministic.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from importlib import resources
 from pathlib import Path
 
 from vllm_kimi_ext import facts
 from vllm_kimi_ext.costmodel import verify_cost as vc
+from vllm_kimi_ext.costmodel import verify_measured as vm
 from vllm_kimi_ext.costmodel.acceptance import from_draft_profile
-from vllm_kimi_ext.costmodel.catalog import load_draft
+from vllm_kimi_ext.costmodel.catalog import DEFAULT_HARDWARE, load_draft
 from vllm_kimi_ext.costmodel.markdown import md_table
 from vllm_kimi_ext.costmodel.model import CostModel, Plan
 from vllm_kimi_ext.costmodel.options import fmt_bytes
 
-PCIE = "rtx-pro-6000-pcie-x8"
+PCIE = DEFAULT_HARDWARE
 BLOCK = "verify"
+#: The serving side's copy of the per-step handover thresholds (package data of
+#: ``integration/``, read by ``integration/verifier_choice.py`` without the cost model).
+HANDOVER_DATA = Path(str(resources.files("vllm_kimi_ext.integration").joinpath(
+    "handover.json")))
 BATCHES = (1, 8, 32, 64)
 IMG = "img/costmodel-verify.png"
 #: (draft profile, k): the EAGLE-3 reference head (k = 3) and a block drafter (k = 7),
@@ -275,9 +284,17 @@ def updated(text: str, block: str) -> str:
     return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
+def handover_json(meas: vc.VerifyMeasurements | None, hardware: str = PCIE) -> str:
+    """The serving side's handover thresholds (:func:`.verify_cost.handover_table`), as
+    the package data file ``integration/handover.json`` holds them."""
+    table = vc.handover_table(CostModel.build(hardware), meas)
+    return json.dumps(table, indent=1, sort_keys=True) + "\n"
+
+
 def generated(docs_dir: Path, meas: vc.VerifyMeasurements | None) -> dict[Path, str]:
     cost = docs_dir / "cost-model.md"
-    return {cost: updated(cost.read_text(), verify_markdown(meas))}
+    return {cost: updated(cost.read_text(), verify_markdown(meas)),
+            HANDOVER_DATA: handover_json(meas)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,33 +311,34 @@ def main(argv: list[str] | None = None) -> int:
     docs = args.write_docs or args.check_docs
     try:
         if args.report is not None:
-            meas = vc.load_report(args.report)
+            meas = vm.load_report(args.report)
         else:
             check = bool(args.check_docs)
             root = docs.resolve().parent
-            stale = [sync_package_copy(root / name, check, dst) for name, dst in (
-                (vc.REPORT_NAME, vc.DEFAULT_REPORT),
-                (vc.HIST_REPORT_NAME, vc.DEFAULT_HIST_REPORT))]
-            if any(stale) and check:
+            if sync_package_copy(root / vc.REPORT_NAME, check, vm.DEFAULT_REPORT) and check:
                 return 1
             meas = vc.measurements()
-    except vc.VerifyReportError as exc:
+    except vm.VerifyReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     expected = generated(docs, meas)
     if args.check_docs:
-        stale = [p for p, text in expected.items() if p.read_text() != text]
+        stale = [p for p, text in expected.items() if _text(p) != text]
         for p in stale:
             print(f"stale: {p} (run python -m vllm_kimi_ext.costmodel.verify_report "
                   f"--write-docs {docs})", file=sys.stderr)
         return 1 if stale else 0
     for p, text in expected.items():
-        if p.read_text() != text:
+        if _text(p) != text:
             p.write_text(text)
             print(f"wrote {p}")
     if meas is not None:
         print(f"wrote {plot_verify(meas, docs / IMG)}")
     return 0
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
 
 
 def sync_package_copy(report: Path, check: bool = False, dst: Path | None = None) -> bool:
@@ -331,8 +349,8 @@ def sync_package_copy(report: Path, check: bool = False, dst: Path | None = None
     package copy is left as it is."""
     if not report.is_file():
         return False
-    vc.load_report(report)  # a malformed report is refused before anything is written
-    data, dst = report.read_bytes(), (vc.DEFAULT_REPORT if dst is None else dst)
+    vm.load_report(report)  # a malformed report is refused before anything is written
+    data, dst = report.read_bytes(), (vm.DEFAULT_REPORT if dst is None else dst)
     if dst.is_file() and dst.read_bytes() == data:
         return False
     if check:

@@ -7,8 +7,11 @@
 * :mod:`.tli_config` / :mod:`.tli_speculator`: ``method: "kimi_tli"``, registered with
   vLLM's custom-speculator API by the plugin;
 * :mod:`.sharded_verify`: sharded verification inside vLLM's sampler and model runner
-  (the gate and the data flow around :mod:`vllm_kimi_ext.verify`), called by the runtime
-  patches ``runtime/sampler.py`` and ``runtime/gpu_model_runner.py``.
+  (gate, inputs, one sampler object per runner, telemetry around
+  :mod:`vllm_kimi_ext.verify`), called by the runtime patches ``runtime/sampler.py`` and
+  ``runtime/gpu_model_runner.py``; :mod:`.verifier_choice`: per step, sharded or vLLM's
+  batch-sharded sampling, from the thresholds in ``handover.json`` (package data written by
+  ``nox -s docs``: serving never builds the cost model).
 
 Together with ``runtime/``, ``plugin.py``, ``compat.py`` (the pin) and the
 training capture, these are the only product modules that import vLLM

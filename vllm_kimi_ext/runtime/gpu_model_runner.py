@@ -9,7 +9,7 @@ from __future__ import annotations
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_kimi_ext.comm import accounting
-from vllm_kimi_ext.integration import sharded_verify
+from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 from vllm_kimi_ext.patching import Patch
 
 
@@ -29,17 +29,18 @@ class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
 
 
 class GPUModelRunnerShardedVerify(Patch[GPUModelRunner]):
-    """Eligible verification steps over vocabulary shards; every other step
-    through the stock method (:func:`~vllm_kimi_ext.integration.sharded_verify.sample_step`).
+    """Eligible verification steps over vocabulary shards; every other step through the
+    stock method (the runner's
+    :meth:`~vllm_kimi_ext.integration.sharded_verify.sampler.ShardedSampler.sample`).
     ``capture_model`` also captures the verification graphs (before serving, after vLLM's
-    own graphs: :func:`~vllm_kimi_ext.integration.sharded_verify.warm_up`)."""
+    own graphs: ``ShardedSampler.warm_up``)."""
 
     def capture_model(self, *args, **kwargs):
         out = GPUModelRunnerShardedVerify.original("capture_model")(self, *args, **kwargs)
         if not kwargs.get("profile_only"):
-            sharded_verify.warm_up(self)
+            ShardedSampler.of(self).warm_up()
         return out
 
     def sample(self, hidden_states, input_batch, grammar_output):
-        return sharded_verify.sample_step(self, GPUModelRunnerShardedVerify.original("sample"),
-                                       hidden_states, input_batch, grammar_output)
+        return ShardedSampler.of(self).sample(GPUModelRunnerShardedVerify.original("sample"),
+                                              hidden_states, input_batch, grammar_output)

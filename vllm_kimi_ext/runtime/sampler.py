@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vllm.v1.worker.gpu.sample.sampler import Sampler
 
-from vllm_kimi_ext.integration import sharded_verify
+from vllm_kimi_ext.integration.sharded_verify.gate import remember_sampling_params
 from vllm_kimi_ext.patching import Patch
 
 
@@ -14,5 +14,5 @@ class SamplerRememberParams(Patch[Sampler]):
     step's eligibility is decided from the real parameters."""
 
     def add_request(self, req_idx, sampling_params):
-        sharded_verify.remember_sampling_params(self, req_idx, sampling_params)
+        remember_sampling_params(self, req_idx, sampling_params)
         return SamplerRememberParams.original("add_request")(self, req_idx, sampling_params)

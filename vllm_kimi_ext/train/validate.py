@@ -642,8 +642,8 @@ def check_args(command: str, args: Any) -> None:
 
 def strict_json(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` whose output every JSON parser reads: NaN and infinities become
-    ``null`` (:func:`vllm_kimi_ext.outputs.strict`, shared with the cost model;
+    ``null`` (:func:`~vllm_kimi_ext.jsonsafe.strict`;
     ``allow_nan=False`` proves none is left)."""
-    from vllm_kimi_ext.outputs import strict
+    from vllm_kimi_ext.jsonsafe import strict
 
     return json.dumps(strict(obj), allow_nan=False, **kwargs)

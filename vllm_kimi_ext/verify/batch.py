@@ -131,7 +131,6 @@ class RowLayout:
     top_k: torch.Tensor
     min_p: torch.Tensor
     top_p: torch.Tensor
-    _modes: dict = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def build(batch: VerifyBatch) -> RowLayout:
@@ -211,75 +210,6 @@ class RowLayout:
         out = torch.zeros(self.num_reqs, dtype=torch.float32, device=self.temperature.device)
         out[self.req_of_row] = self.temperature
         return out
-
-    def host_modes(self, vocab_size: int) -> HostModes:
-        """Host-side facts that decide shapes and control flow (computed once per batch).
-
-        Building them synchronises with the device once; afterwards a
-        verification step issues no host synchronisation, so it can be captured
-        in a CUDA graph.
-        """
-        m = self._modes.get(vocab_size)
-        if m is None:
-            m = HostModes.build(self, vocab_size)
-            self._modes[vocab_size] = m
-        return m
-
-
-@dataclass
-class HostModes:
-    all_greedy: bool
-    #: Rows (indices) of sampling requests with top-k, min-p and/or top-p, or None.
-    thr_rows: torch.Tensor | None
-    #: Largest top-k of the threshold rows (each rank sends at least that many values;
-    #: 1 for min-p alone).
-    thr_width: int
-    #: Per threshold row: effective top-k (0 = off), min-p (0 = off), top-p (1 = off).
-    thr_top_k: torch.Tensor | None
-    thr_min_p: torch.Tensor | None
-    thr_top_p: torch.Tensor | None
-    #: Threshold rows that use top-p (their round also carries the shard log-sum-exp).
-    num_top_p_rows: int
-    #: Some top-p row has no top-k: its cut may need a wider second round.
-    top_p_may_escalate: bool
-    #: Indices of the sampling (non-greedy) requests.
-    sampling_reqs: torch.Tensor
-    num_sampling_reqs: int
-
-    @staticmethod
-    def build(L: RowLayout, vocab_size: int) -> HostModes:
-        greedy_req = L.temperature_per_req() == 0
-        top_k = L.effective_top_k(vocab_size)
-        min_p = L.effective_min_p()
-        top_p = L.effective_top_p()
-        need_req = (top_k > 0) | (min_p > 0) | (top_p < 1)
-        need_rows = need_req[L.req_of_row]
-        thr_rows = thr_k = thr_p = thr_tp = None
-        width = 0
-        num_top_p = 0
-        may_escalate = False
-        if bool(need_rows.any()):
-            thr_rows = need_rows.nonzero().squeeze(1)
-            thr_k = top_k[L.req_of_row][thr_rows]
-            thr_p = min_p[L.req_of_row][thr_rows]
-            thr_tp = top_p[L.req_of_row][thr_rows]
-            width = max(int(thr_k.max()), 1)
-            uses_p = thr_tp < 1
-            num_top_p = int(uses_p.sum())
-            may_escalate = bool((uses_p & (thr_k == 0)).any())
-        sampling = (~greedy_req).nonzero().squeeze(1)
-        return HostModes(
-            all_greedy=bool(greedy_req.all()),
-            thr_rows=thr_rows,
-            thr_width=width,
-            thr_top_k=thr_k,
-            thr_min_p=thr_p,
-            thr_top_p=thr_tp,
-            num_top_p_rows=num_top_p,
-            top_p_may_escalate=may_escalate,
-            sampling_reqs=sampling,
-            num_sampling_reqs=int(sampling.numel()),
-        )
 
 
 @dataclass

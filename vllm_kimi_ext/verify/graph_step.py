@@ -62,9 +62,9 @@ import torch
 
 from . import step_torch as st
 from .kernels import shard_local_stats
+from .protocol import StepPlan, plan_step
 from .ranks import AllGather, ShardedRank
-from .step_hist import escalate_hist
-from .step_plan import StepInputs, StepOutput, StepPlan, plan_step
+from .step_io import StepInputs, StepOutput
 from .step_torch import constant
 
 logger = logging.getLogger(__name__)
@@ -140,11 +140,7 @@ class GraphVerifyStep(ShardedRank):
     def _escalate(self, logits_shard, inp, plan, merged, q_full, tri) -> torch.Tensor:
         """Round 2: whole rows for the picked uncertified rows; updates ``merged`` in place
         and returns the deferred rows (uncertified, no slot). One-hot drafts on the Triton
-        path: the split bf16 escalation with this step's persistent scratch. A ``"hist"``
-        plan: the histogram escalation (:mod:`.step_hist`) on either backend."""
-        if plan.escalation == "hist" and q_full is None:
-            return escalate_hist(logits_shard, inp, plan, merged, self.all_gather, self.rank,
-                                 self.col_offset, self.vocab_size, "triton" if tri else "torch")
+        path: the split bf16 escalation with this step's persistent scratch."""
         if tri and q_full is None:
             from . import _escalate_kernels as ek
             from . import _graph_kernels as gk
@@ -290,11 +286,8 @@ class StepGraphs:
 
     def __init__(self, step: GraphVerifyStep, max_reqs: int, rows_per_req: int,
                  capture_sizes: tuple[int, ...] | None = None,
-                 log: logging.Logger | None = None, escalation: str | None = None):
+                 log: logging.Logger | None = None):
         self.step = step
-        #: The captured one-hot plans' escalation (None: :func:`.step_plan.plan_step`'s
-        #: default for the padded size).
-        self.escalation = escalation
         self.rows_per_req = int(rows_per_req)
         self.capture_sizes = tuple(sorted(capture_sizes or default_capture_sizes(max_reqs)))
         self.max_reqs = self.capture_sizes[-1]
@@ -319,8 +312,7 @@ class StepGraphs:
         return plan_step(tp_size=self.step.tp_size, shard_width=S, num_rows=q * self.rows_per_req,
                          num_reqs=q, max_rows_per_req=self.rows_per_req, all_greedy=greedy,
                          any_cut=cut, may_escalate=esc, probabilistic=prob,
-                         any_uncut_sampling=res, logits_bytes=self._bytes,
-                         escalation=None if prob else self.escalation)
+                         any_uncut_sampling=res, logits_bytes=self._bytes)
 
     def warm_up(self, logits_dtype: torch.dtype, device, probabilistic: bool = False,
                 q_width: int | None = None) -> int:

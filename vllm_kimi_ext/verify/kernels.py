@@ -53,7 +53,7 @@ import torch
 
 from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
 from .ranks import use_triton
-from .reference import scale_logits
+from .rowmath import scale_logits
 
 NEG_INF = float("-inf")
 

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .protocol import MAX_EXACT_FLOAT_ID
+
 #: ``all_gather(t [rows, n]) -> [TP, rows, n]`` (rank order).
 AllGather = Callable[[torch.Tensor], torch.Tensor]
-
-#: Token ids are exchanged as float32.
-MAX_EXACT_FLOAT_ID = 2**24
 
 BACKENDS = ("auto", "torch", "triton")
 

@@ -55,46 +55,6 @@ from .hashing import DOMAIN_GUMBEL, accept_uniform, gumbel_noise, row_keys
 NEG_INF = float("-inf")
 
 
-def scale_logits(z: torch.Tensor, temperature_rows: torch.Tensor) -> torch.Tensor:
-    """``z / T`` in float32 per row (greedy rows, ``T == 0``, are left unscaled).
-
-    Shared by the reference and the shards so that every element is produced by
-    the same float32 division.
-    """
-    z = z.float()
-    t = temperature_rows.to(torch.float32)
-    safe = torch.where(t == 0, torch.ones_like(t), t)
-    return z / safe[:, None]
-
-
-def min_p_threshold(row_max: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """vLLM's min-p cut on temperature-scaled logits: ``max + log(min_p)`` (-inf if off)."""
-    cut = row_max + torch.log(torch.where(min_p > 0, min_p, torch.ones_like(min_p)))
-    return torch.where(min_p > 0, cut, torch.full_like(cut, NEG_INF))
-
-
-def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """Mass strictly before each position along dim 1."""
-    cum = torch.cumsum(x, dim=1)
-    return torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1), cum
-
-
-def nucleus_length(before: torch.Tensor, top_p: torch.Tensor,
-                   candidates: torch.Tensor) -> torch.Tensor:
-    """Tokens kept by top-p: those whose preceding mass is below ``top_p`` (at least 1)."""
-    return ((before < top_p[:, None]) & candidates).sum(dim=1).clamp(min=1)
-
-
-def nucleus_margin(before: torch.Tensor, cum: torch.Tensor, top_p: torch.Tensor,
-                   n: torch.Tensor) -> torch.Tensor:
-    """Distance of ``top_p`` from the cumulative mass on either side of the cut."""
-    last = (n - 1).clamp(min=0)[:, None]
-    lower = top_p - before.gather(1, last).squeeze(1)
-    through = cum.gather(1, last).squeeze(1)
-    upper = torch.where(through >= top_p, through - top_p, torch.full_like(through, float("inf")))
-    return torch.minimum(lower, upper)
-
-
 def sampling_keep_mask(s: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor,
                        top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept tokens ``[rows, V]`` of min-p, top-k, top-p (see module docstring) and the
@@ -106,7 +66,10 @@ def sampling_keep_mask(s: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor
     vals, ids = torch.sort(s, dim=1, descending=True, stable=True)
     pos = torch.arange(s.shape[1], device=s.device)[None, :]
     finite = vals > NEG_INF
-    cut = min_p_threshold(vals[:, 0], min_p)
+    # min-p: every token at or above max + log(min_p) (all of them where min-p is off)
+    off = min_p <= 0
+    cut = vals[:, 0] + torch.log(torch.where(off, torch.ones_like(min_p), min_p))
+    cut = torch.where(off, torch.full_like(cut, NEG_INF), cut)
     n_kept = ((vals >= cut[:, None]) & finite).sum(dim=1)
     n_kept = torch.where(top_k > 0, torch.minimum(n_kept, top_k), n_kept)
     margin = torch.full((s.shape[0],), float("nan"), dtype=torch.float64, device=s.device)
@@ -115,21 +78,21 @@ def sampling_keep_mask(s: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor
         cand = pos < n_kept[:, None]
         w = torch.where(cand, vals.double(), torch.full_like(vals, NEG_INF, dtype=torch.float64))
         prob = torch.exp(w - torch.logsumexp(w, dim=1, keepdim=True))
-        before, cum = exclusive_cumsum(prob)
+        cum = torch.cumsum(prob, dim=1)  # mass through each position
+        before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
         p = top_p.double()
-        n_nuc = nucleus_length(before, p, cand)
-        margin = torch.where(nucleus, nucleus_margin(before, cum, p, n_nuc), margin)
+        # token i is kept iff the mass before it is below top_p (at least one token)
+        n_nuc = ((before < p[:, None]) & cand).sum(dim=1).clamp(min=1)
+        # the margin: distance of top_p from the mass on either side of the cut
+        last = (n_nuc - 1).clamp(min=0)[:, None]
+        through = cum.gather(1, last).squeeze(1)
+        above = torch.where(through >= p, through - p, torch.full_like(through, float("inf")))
+        margin = torch.where(nucleus, torch.minimum(p - before.gather(1, last).squeeze(1),
+                                                    above), margin)
         n_kept = torch.where(nucleus, n_nuc, n_kept)
     keep = torch.zeros_like(s, dtype=torch.bool)
     keep.scatter_(1, ids, pos < n_kept[:, None])
     return keep, margin
-
-
-def residual_log_weights(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """``log(max(0, p - q))`` computed as ``log p + log1p(-q/p)`` (``-inf`` where ``q >= p``)."""
-    ok = logq < logp
-    diff = torch.where(ok, logq - logp, torch.zeros_like(logp))
-    return torch.where(ok, logp + torch.log1p(-torch.exp(diff)), torch.full_like(logp, NEG_INF))
 
 
 class ReferenceVerifier:
@@ -147,7 +110,10 @@ class ReferenceVerifier:
     exclude_rejected_draft: bool = True
 
     def _residual(self, logp, logq):
-        return residual_log_weights(logp, logq)
+        """``log(max(0, p - q))``: ``log p + log(1 - q / p)`` where ``q < p``, else ``-inf``."""
+        ok = logq < logp
+        ratio = torch.exp(torch.where(ok, logq - logp, torch.zeros_like(logp)))
+        return torch.where(ok, logp + torch.log1p(-ratio), torch.full_like(logp, NEG_INF))
 
     # ---------------------------------------------------------------------
     def masked_scaled_logits(self, logits: torch.Tensor, layout: RowLayout) -> torch.Tensor:
@@ -155,7 +121,10 @@ class ReferenceVerifier:
         return self._masked_scaled(logits, layout)[0]
 
     def _masked_scaled(self, logits: torch.Tensor, layout: RowLayout):
-        s = scale_logits(logits[:, : self.vocab_size], layout.temperature)
+        # z / T in float32 (greedy rows, T = 0, unscaled): the shards' own division
+        t = layout.temperature.to(torch.float32)
+        safe_t = torch.where(t == 0, torch.ones_like(t), t)
+        s = logits[:, : self.vocab_size].float() / safe_t[:, None]
         top_k = layout.effective_top_k(self.vocab_size)[layout.req_of_row]
         min_p = layout.effective_min_p()[layout.req_of_row]
         top_p = layout.effective_top_p()[layout.req_of_row]

@@ -18,15 +18,16 @@ import torch
 
 from .hashing import DOMAIN_GUMBEL, accept_uniform, element_hash, gumbel_from_bits, row_keys
 from .kernels import merge_argmax, shard_local_stats
+from .protocol import STAT_COLUMNS, StepPlan
 from .ranks import AllGather
-from .reference import (
+from .rowmath import (
     exclusive_cumsum,
     min_p_threshold,
     nucleus_margin,
     residual_log_weights,
     scale_logits,
 )
-from .step_plan import STAT_COLUMNS, StepInputs, StepPlan
+from .step_io import StepInputs
 
 NEG_INF = float("-inf")
 

@@ -1,10 +1,16 @@
-"""The host-side plan of one verification step: sharded (a :class:`StepPlan`) or the full
-logits gather (a :class:`Fallback` with its reason), from facts the host already has.
+"""The verify step's contract, torch-free: what one step sends and in which rounds.
+
+A step is sharded (a :class:`StepPlan`: its shapes and its :class:`Round` s, one
+all-gather each) or the full logits gather (a :class:`Fallback` with its reason), planned
+from facts the host already has. The step (``verify/``), the runner's gate
+(``integration/``) and the cost model's verify price (``costmodel/verify_cost.py``) all
+read the round sizes from here; nothing else defines them. This module imports no torch,
+so the cost model stays importable without it.
 
 :func:`plan_from_params` is the one entry point: the runner's gate calls it with the
 requests' ``SamplingParams`` (host objects) and the step runs the plan it returns, so
-nothing here reads a device value. :class:`StepInputs` holds the step's per-row
-device tensors (fixed shapes, built with device ops only).
+nothing here reads a device value (the step's device tensors are
+:class:`~.step_io.StepInputs` and :class:`~.step_io.StepOutput`).
 
 The sharded step is exact for greedy, temperature, top-k, min-p, top-p, one-hot and
 probabilistic drafts. Anything whose semantics need the whole logits row on one rank
@@ -12,8 +18,6 @@ probabilistic drafts. Anything whose semantics need the whole logits row on one 
 logits. A fallback is never silent: it is returned as a :class:`Fallback` with a
 reason and counted by a :class:`FallbackCounter` (which also logs each one at debug
 level).
-
-Fallback reasons (first match in this order):
 
 Fallback reasons (first match in this order):
 
@@ -43,44 +47,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from .batch import RowLayout
-from .ranks import MAX_EXACT_FLOAT_ID
-
 logger = logging.getLogger(__name__)
 
+#: Token ids are exchanged as float32: exact below this.
+MAX_EXACT_FLOAT_ID = 2**24
+#: Round-1 columns of an all-greedy step: (max, argmax).
+GREEDY_COLUMNS = 2
+#: Round-1 columns of a step without a cut: gval, gidx, lse, s_x.
+STATS_ONLY_COLUMNS = 4
 #: Round-1 columns before the candidates: gval, gidx, lse (hi, lo), s_x.
 STAT_COLUMNS = 5
 #: Candidates per rank and row when a cut is present (at least the largest top-k).
 DEFAULT_CANDIDATES = 128
 FLOAT_BYTES = 4
 
-#: Escalation kinds (a :class:`StepPlan` field): ``"rows"`` gathers the picked rows' whole
-#: shard rows; ``"hist"`` exchanges histograms of 16-bit float rows
-#: (:mod:`.step_hist`) and keeps ``row_fallback_slots`` whole-row slots for the rows it
-#: cannot cut exactly.
-ESCALATIONS = ("rows", "hist")
-#: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
-DEFAULT_ROW_FALLBACK_SLOTS = 1
-#: The escalation a plan gets unless the caller names one. ``"rows"``: measured on one H200
-#: (``bench/reports/verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3,
-#: Kimi's top-p modes, CUDA graphs) the step with ``"hist"`` took 674-1,224 us per rank at
-#: 4-256 rows against 43-274 us with ``"rows"``, so its smaller exchange (3,088 B instead
-#: of 40,960 B per escalated row per rank) does not pay for its compute; ``"hist"`` stays
-#: selectable (``escalation="hist"``) and is not the default anywhere.
-DEFAULT_ESCALATION = "rows"
-#: The ``"hist"`` escalation's all-gathers per picked row and rank, as
-#: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
-#: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte). Then
-#: one all-gather of bytes: the shard statistics under the found cut and the whole-row
-#: slots. :mod:`.step_hist` allocates exactly these.
-HIST_BINS = 256
-KEYS_PER_BIN = 256
-HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4))
-#: Round 3's statistics per picked row (float32); the round is sent as bytes together with
-#: the whole-row slots' shard rows.
-HIST_STATS = 4
+#: Escalation kinds the package ships (:attr:`StepPlan.escalation`): ``"rows"`` gathers the
+#: picked uncertified rows' whole shard rows. A histogram escalation (three small
+#: all-gathers instead of a shard row) was built and measured on one H200 at 674-1,224 us
+#: per rank at 4-256 rows against 43-274 us for ``"rows"`` (``bench/reports/
+#: verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3, Kimi's top-p
+#: modes, CUDA graphs); it lives in the test kit (``testkit/verify_hist_step.py``), not here.
+ESCALATIONS = ("rows",)
+#: The residual round's float32 columns per request: the Gumbel-max (value, id).
+RESIDUAL_COLUMNS = 2
 
 FALLBACK_REASONS = (
     "vocab_too_large",
@@ -107,7 +96,8 @@ class Fallback:
     all_reasons: tuple[str, ...] = ()
 
 
-def _get(p: Any, name: str, default: Any = None) -> Any:
+def param(p: Any, name: str, default: Any = None) -> Any:
+    """One sampling parameter of a request: a vLLM ``SamplingParams`` attribute or a dict key."""
     if isinstance(p, dict):
         return p.get(name, default)
     return getattr(p, name, default)
@@ -116,92 +106,71 @@ def _get(p: Any, name: str, default: Any = None) -> Any:
 def request_fallback_reasons(p: Any, top_p_sharded: bool = False) -> list[str]:
     """All reasons one request's sampling parameters need the full gather."""
     reasons: list[str] = []
-    temp = float(_get(p, "temperature", 1.0) or 0.0)
+    temp = float(param(p, "temperature", 1.0) or 0.0)
     sampling = temp > 0.0
-    top_p = _get(p, "top_p", 1.0)
+    top_p = param(p, "top_p", 1.0)
     if sampling and not top_p_sharded and top_p is not None and float(top_p) < 1.0:
         reasons.append("top_p")
-    if _get(p, "logprobs") is not None or _get(p, "logprob_token_ids"):
+    if param(p, "logprobs") is not None or param(p, "logprob_token_ids"):
         reasons.append("logprobs")
-    if (float(_get(p, "presence_penalty", 0.0) or 0.0) != 0.0
-            or float(_get(p, "frequency_penalty", 0.0) or 0.0) != 0.0
-            or float(_get(p, "repetition_penalty", 1.0) or 1.0) != 1.0):
+    if (float(param(p, "presence_penalty", 0.0) or 0.0) != 0.0
+            or float(param(p, "frequency_penalty", 0.0) or 0.0) != 0.0
+            or float(param(p, "repetition_penalty", 1.0) or 1.0) != 1.0):
         reasons.append("penalties")
-    if _get(p, "bad_words") or _get(p, "_bad_words_token_ids"):
+    if param(p, "bad_words") or param(p, "_bad_words_token_ids"):
         reasons.append("bad_words")
-    if _get(p, "logit_bias"):
+    if param(p, "logit_bias"):
         reasons.append("logit_bias")
-    if _get(p, "allowed_token_ids"):
+    if param(p, "allowed_token_ids"):
         reasons.append("allowed_token_ids")
-    if int(_get(p, "min_tokens", 0) or 0) > 0:
+    if int(param(p, "min_tokens", 0) or 0) > 0:
         reasons.append("min_tokens")
-    if _get(p, "structured_outputs") is not None or _get(p, "guided_decoding") is not None:
+    if param(p, "structured_outputs") is not None or param(p, "guided_decoding") is not None:
         reasons.append("structured_output")
-    if _get(p, "thinking_token_budget") is not None:
+    if param(p, "thinking_token_budget") is not None:
         reasons.append("thinking_budget")
-    if _get(p, "watermarking"):
+    if param(p, "watermarking"):
         reasons.append("watermarking")
     return reasons
 
 
 # ---------------------------------------------------------------------------
-# the step's device inputs and its host-side plan
+# the sampling modes a step is measured and priced in
 # ---------------------------------------------------------------------------
-@dataclass
-class StepInputs:
-    """Per-row device tensors of one step (fixed shapes; built without host reads)."""
+#: The measured top-p modes and their temperatures (Kimi's two API settings, top_p 0.95).
+TOP_P_MODES = {"top_p_T1": 1.0, "top_p_T0.6": 0.6}
+#: The modes of a step that cannot escalate: every row greedy, or a cut round 1 certifies.
+GREEDY_MODE, CUT_MODE = "greedy", "topk_minp"
+#: Every mode a step can be measured and priced in.
+STEP_MODES = (*TOP_P_MODES, GREEDY_MODE, CUT_MODE)
 
-    #: int64 [num_reqs + 1]
-    cu_num_rows: torch.Tensor
-    #: int64 [rows]: draft verified at each row, -1 on bonus rows / placeholders.
-    draft: torch.Tensor
-    req_of_row: torch.Tensor
-    row_in_req: torch.Tensor
-    temperature: torch.Tensor  # float32 [rows], 0 = greedy
-    seeds: torch.Tensor  # int64 [rows]
-    positions: torch.Tensor  # int64 [rows]
-    top_k: torch.Tensor  # int64 [rows], 0 = off (greedy rows off)
-    min_p: torch.Tensor  # float32 [rows], 0 = off
-    top_p: torch.Tensor  # float32 [rows], 1 = off
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.draft.shape[0])
+def step_mode(plan: StepPlan, params: Sequence[Any]) -> str:
+    """The sampling mode whose measurements price this step.
 
-    @property
-    def num_reqs(self) -> int:
-        return int(self.cu_num_rows.shape[0]) - 1
+    A step with escalation slots (a top-p or min-p row without top-k) is priced as top-p
+    at the measured temperature nearest the highest temperature among its sampling rows
+    (ties go to the higher, slower one); a step without is ``greedy`` when every row is
+    greedy, else ``topk_minp``.
+    """
+    if plan.escalation_slots == 0:
+        return GREEDY_MODE if plan.all_greedy else CUT_MODE
+    # the plan's own reading of a request's temperature (None or 0: greedy)
+    temps = [float(param(p, "temperature", 1.0) or 0.0) for p in params]
+    t = max((x for x in temps if x > 0), default=1.0)
+    return min(TOP_P_MODES, key=lambda m: (abs(TOP_P_MODES[m] - t), -TOP_P_MODES[m]))
 
-    @staticmethod
-    def from_layout(L: RowLayout, vocab_size: int) -> StepInputs:
-        """From a :class:`~.batch.RowLayout` (tests, benchmarks)."""
-        r = L.req_of_row
-        return StepInputs(
-            cu_num_rows=L.cu_num_rows, draft=L.draft, req_of_row=r, row_in_req=L.row_in_req,
-            temperature=L.temperature, seeds=L.seeds, positions=L.positions,
-            top_k=L.effective_top_k(vocab_size)[r], min_p=L.effective_min_p()[r],
-            top_p=L.effective_top_p()[r])
 
-    @staticmethod
-    def from_requests(cu_num_rows: torch.Tensor, draft: torch.Tensor, temperature: torch.Tensor,
-                      seeds: torch.Tensor, positions: torch.Tensor, top_k: torch.Tensor,
-                      min_p: torch.Tensor, top_p: torch.Tensor, vocab_size: int) -> StepInputs:
-        """From per-request parameters and per-row drafts/positions, with device ops only
-        (``searchsorted`` instead of ``repeat_interleave``): safe inside graph capture.
-        ``draft`` must already be -1 on bonus rows."""
-        cu = cu_num_rows.long()
-        R = draft.shape[0]
-        rows = torch.arange(R, device=draft.device)
-        req = torch.searchsorted(cu[1:], rows, right=True).clamp(max=cu.shape[0] - 2)
-        t = temperature.float()[req]
-        greedy = t == 0
-        k = top_k.long()[req]
-        k = torch.where(greedy | (k >= vocab_size) | (k < 0), torch.zeros_like(k), k)
-        mp = torch.where(greedy, torch.zeros_like(t), min_p.float()[req])
-        tp = torch.where(greedy, torch.ones_like(t), top_p.float()[req])
-        return StepInputs(cu_num_rows=cu, draft=draft.long(), req_of_row=req,
-                          row_in_req=rows - cu[req], temperature=t, seeds=seeds.long()[req],
-                          positions=positions.long(), top_k=k, min_p=mp, top_p=tp)
+def round1_columns(candidates: int) -> int:
+    """Round-1 float32 columns per row of a step with a cut: the statistics and
+    ``candidates`` (value, id) pairs."""
+    return STAT_COLUMNS + 2 * candidates
+
+
+def round1_bytes_per_row(candidates: int = DEFAULT_CANDIDATES) -> int:
+    """Bytes one rank sends per row in round 1 of a step with a cut."""
+    return round1_columns(candidates) * FLOAT_BYTES
+
 
 
 @dataclass(frozen=True)
@@ -242,10 +211,11 @@ class StepPlan:
     probabilistic: bool
     shard_width: int
     logits_bytes: int = 2
-    #: How uncertified rows are cut (one of :data:`ESCALATIONS`).
-    escalation: str = "rows"
-    #: Whole-row slots inside a ``"hist"`` escalation (rows it cannot cut exactly).
-    row_fallback_slots: int = 0
+
+    @property
+    def escalation(self) -> str:
+        """How uncertified rows are cut (one of :data:`ESCALATIONS`)."""
+        return "rows"
 
     @property
     def stats_only(self) -> bool:
@@ -256,25 +226,20 @@ class StepPlan:
     @property
     def round1_width(self) -> int:
         if self.all_greedy:
-            return 2
+            return GREEDY_COLUMNS
         if self.stats_only:
-            return 4
-        return STAT_COLUMNS + 2 * self.candidates
+            return STATS_ONLY_COLUMNS
+        return round1_columns(self.candidates)
 
     @property
     def rounds(self) -> tuple[Round, ...]:
         out = [Round("stats" if self.stats_only else "stats+candidates", self.num_rows,
                      self.round1_width)]
         E = self.escalation_slots
-        if E and self.escalation == "hist":
-            out.extend(Round(name, E, width, eb) for name, width, eb in HIST_ROUNDS)
-            out.append(Round("hist-stats+rows", 1, E * HIST_STATS * FLOAT_BYTES
-                             + self.row_fallback_slots * self.shard_width * self.logits_bytes,
-                             1))
-        elif E:
+        if E:
             out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
-            out.append(Round("residual", self.num_reqs, 2))
+            out.append(Round("residual", self.num_reqs, RESIDUAL_COLUMNS))
         return tuple(out)
 
     @property
@@ -294,7 +259,7 @@ class StepPlan:
     def escalation_bytes_per_rank(self) -> int:
         """Bytes each rank sends in the escalation's rounds."""
         return sum(r.bytes_per_rank for r in self.rounds
-                   if r.name == "escalation" or r.name.startswith("hist-"))
+                   if r.name == "escalation")
 
     @property
     def bytes_per_escalated_row_per_rank(self) -> float:
@@ -315,9 +280,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
               max_rows_per_req: int, all_greedy: bool, any_cut: bool, max_top_k: int = 0,
               may_escalate: bool = False, probabilistic: bool = False,
               any_uncut_sampling: bool = False, candidates: int | None = None,
-              escalation_slots: int | None = None, logits_bytes: int = 2,
-              escalation: str | None = None,
-              row_fallback_slots: int | None = None) -> StepPlan:
+              escalation_slots: int | None = None, logits_bytes: int = 2) -> StepPlan:
     """The step plan from host-known facts of the batch.
 
     ``any_cut``: some sampling row has top-k, min-p or top-p; ``max_top_k``: the
@@ -325,11 +288,7 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     top-p or min-p without top-k (its kept set may exceed the candidates);
     ``any_uncut_sampling``: some sampling row has no cut (probabilistic drafts then
     need the residual round). ``escalation_slots`` defaults to the number of
-    requests (every request's first row has a slot). ``escalation`` (one of
-    :data:`ESCALATIONS`) defaults to :data:`DEFAULT_ESCALATION` (``"rows"``, measured faster);
-    ``"hist"`` needs 16-bit logits and one-hot drafts;
-    ``row_fallback_slots`` (``"hist"`` only) defaults to
-    :data:`DEFAULT_ROW_FALLBACK_SLOTS`.
+    requests (every request's first row has a slot).
     """
     w = 0
     if any_cut and not all_greedy:
@@ -339,30 +298,12 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     if may_escalate and not all_greedy:
         e = max(num_reqs, escalation_slots or 0)
         e = min(e, num_rows)
-    esc, fb = choose_escalation(e, logits_bytes, probabilistic, escalation, row_fallback_slots)
     return StepPlan(tp_size=tp_size, num_rows=num_rows, num_reqs=num_reqs,
                     max_rows_per_req=max_rows_per_req, candidates=w, escalation_slots=e,
                     all_greedy=all_greedy,
                     residual_round=probabilistic and not all_greedy and any_uncut_sampling,
                     probabilistic=probabilistic, shard_width=shard_width,
-                    logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb)
-
-
-def choose_escalation(slots: int, logits_bytes: int, probabilistic: bool,
-                      escalation: str | None, row_fallback_slots: int | None) -> tuple[str, int]:
-    """``(escalation, row_fallback_slots)`` of a plan with ``slots`` escalation slots."""
-    if escalation is not None and escalation not in ESCALATIONS:
-        raise ValueError(f"escalation must be one of {ESCALATIONS}, got {escalation!r}")
-    exact = logits_bytes == 2 and not probabilistic
-    if escalation == "hist" and not exact and slots:
-        raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
-    fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
-    fb = max(0, min(fb, slots))
-    if escalation is None:
-        escalation = DEFAULT_ESCALATION
-    return escalation, (fb if escalation == "hist" else 0)
-
-
+                    logits_bytes=logits_bytes)
 
 
 def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size: int,
@@ -371,8 +312,7 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      custom_logits_processors: bool = False, top_p_sharded: bool = True,
                      counter: FallbackCounter | None = None,
                      candidates: int | None = None,
-                     escalation_slots: int | None = None, escalation: str | None = None,
-                     row_fallback_slots: int | None = None) -> StepPlan | Fallback:
+                     escalation_slots: int | None = None) -> StepPlan | Fallback:
     """The step's :class:`StepPlan`, or the :class:`Fallback` that sends it to the full
     logits gather, from the requests' sampling parameters (host objects: no device read).
 
@@ -396,16 +336,16 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
         if counter is not None:
             counter.record(fb)
         return fb
-    greedy = [float(_get(p, "temperature", 1.0) or 0.0) == 0.0 for p in sampling_params]
+    greedy = [float(param(p, "temperature", 1.0) or 0.0) == 0.0 for p in sampling_params]
     any_cut = may_escalate = uncut = False
     max_k = 0
     for p, g in zip(sampling_params, greedy):
         if g:
             continue
-        k = int(_get(p, "top_k", 0) or 0)
+        k = int(param(p, "top_k", 0) or 0)
         k = k if 0 < k < vocab_size else 0
-        mp = float(_get(p, "min_p", 0.0) or 0.0)
-        tp = _get(p, "top_p", 1.0)
+        mp = float(param(p, "min_p", 0.0) or 0.0)
+        tp = param(p, "top_p", 1.0)
         tp = 1.0 if tp is None else float(tp)
         cut = k > 0 or mp > 0 or tp < 1
         any_cut |= cut
@@ -418,30 +358,7 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      all_greedy=all(greedy), any_cut=any_cut, max_top_k=max_k,
                      may_escalate=may_escalate, probabilistic=probabilistic,
                      any_uncut_sampling=uncut, logits_bytes=logits_bytes,
-                     candidates=candidates, escalation_slots=escalation_slots,
-                     escalation=escalation, row_fallback_slots=row_fallback_slots)
-
-
-@dataclass
-class StepOutput:
-    """vLLM's ``(sampled, num_sampled)`` plus diagnostics (all device tensors)."""
-
-    sampled: torch.Tensor  # int64 [num_reqs, max_rows_per_req], -1 padded
-    num_sampled: torch.Tensor  # int32 [num_reqs]
-    #: float32 [rows]: accept margin (see :class:`~.batch.VerifyOutput`); NaN on greedy rows.
-    accept_margin: torch.Tensor
-    #: float64 [rows]: nucleus margin (NaN without top-p).
-    nucleus_margin: torch.Tensor
-    #: [rows], bool (int8 on the Triton path): the cut was not certified by round 1.
-    uncertified: torch.Tensor
-    #: [rows], bool or int8: uncertified and no escalation slot.
-    deferred: torch.Tensor
-    #: [num_reqs], bool or int8: this request stopped at a deferred row.
-    stopped: torch.Tensor
-
-    def tokens(self) -> list[list[int]]:
-        return [row[:n] for row, n in zip(self.sampled.tolist(), self.num_sampled.tolist())]
-
+                     candidates=candidates, escalation_slots=escalation_slots)
 
 
 class FallbackCounter:

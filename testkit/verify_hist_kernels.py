@@ -1,13 +1,14 @@
-"""Triton kernels of the histogram escalation's two shard passes (``verify/step_hist.py``):
-the same contract as its torch twins (:func:`.step_hist.coarse_torch`,
-:func:`.step_hist.boundary_torch`).
+"""Triton kernels of the histogram escalation's two shard passes
+(``testkit/verify_hist_step.py``): the same contract as its torch twins
+(:func:`testkit.verify_hist_step.coarse_torch`, :func:`testkit.verify_hist_step.boundary_torch`).
 
 ``_pass_kernel`` (one launch per round, programs ``(slot, chunk)``)
     Each program reads one chunk of its slot's shard row (16-bit ``z``), keeps the tokens
     at or above the min-p cut (``s = z / T``, the same float32 division as
-    :func:`.reference.scale_logits`) and, for the coarse round, adds ``exp(s - m)`` in
-    float64 to 256 bins by the ordered key's high byte, one block of columns at a time (a
-    one-hot sum per block, then one float64 atomic add per bin and program); for the
+    :func:`vllm_kimi_ext.verify.rowmath.scale_logits`) and, for the coarse round, adds
+    ``exp(s - m)`` in float64 to 256 bins by the ordered key's high byte, one block of
+    columns at a time (a one-hot sum per block, then one float64 atomic add per bin and
+    program); for the
     boundary round it counts, per low byte, the tokens whose key lies in the slot's
     boundary bin (int32 atomics: the same counts on every run).
 
@@ -23,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton_kernels import _LAUNCH_LOCK, _okey
+from vllm_kimi_ext.verify._triton_kernels import _LAUNCH_LOCK, _okey
 
 #: Columns per program and per block inside it.
 CHUNK = 2048

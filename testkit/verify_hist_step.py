@@ -1,12 +1,20 @@
-"""The histogram escalation (``StepPlan.escalation == "hist"``): the exact top-p / min-p cut
-of the picked uncertified rows from three small all-gathers instead of whole shard rows.
+"""The histogram escalation (a :class:`HistPlan`): the exact top-p / min-p cut of the picked
+uncertified rows from three small all-gathers instead of whole shard rows.
+
+Not shipped: measured on one H200 (``bench/reports/verify_hist_h200.json`` against
+``verify_graph_vs_vllm_h200.json``, k = 3, Kimi's top-p modes, CUDA graphs) the step with
+it took 674-1,224 us per rank at 4-256 rows against 43-274 us with the whole-row escalation
+the package ships, and no setting or runner path selects it. It stays here, exact and
+tested, as the measured alternative: :class:`HistPlan` (its rounds),
+:class:`HistVerifyStep` (the step with it), :class:`HistStepGraphs` (its graphs).
 
 For 16-bit float logits (bf16; fp16 works the same way) every value has an ordered 16-bit
 key (:func:`ordered_key16`): ``key(a) < key(b)`` iff ``a < b``, ``-0.0`` and ``+0.0`` share
-a key, and ``s = z / T`` (one float32 division, :func:`.reference.scale_logits`) keeps
-distinct values distinct, so the tokens of one key are exactly one tie group of the
-whole-row sort. Per picked row (``E = plan.escalation_slots``, shapes fixed, no host read,
-so the rounds run inside CUDA-graph capture and under the CPU stand-in):
+a key, and ``s = z / T`` (one float32 division,
+:func:`vllm_kimi_ext.verify.rowmath.scale_logits`) keeps distinct values distinct, so the
+tokens of one key are exactly one tie group of the whole-row sort. Per picked row
+(``E = plan.escalation_slots``, shapes fixed, no host read, so the rounds run inside
+CUDA-graph capture and under the CPU stand-in):
 
 1. **Coarse** (``hist-coarse``, ``[E, 256]`` float64 per rank): the mass
    ``sum exp(s - m)`` of the row's tokens that the min-p pre-cut keeps (``m``: the row's
@@ -35,13 +43,32 @@ one), a non-finite maximum, and rows whose running mass at the cut lies within
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .kernels import merge_argmax, shard_local_stats
-from .ranks import AllGather
-from .reference import min_p_threshold, scale_logits
-from .step_plan import HIST_BINS, KEYS_PER_BIN, StepInputs, StepPlan
-from .step_torch import Merged, exact_cut, pick_slots
+from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
+from vllm_kimi_ext.verify.kernels import merge_argmax, shard_local_stats
+from vllm_kimi_ext.verify.protocol import FLOAT_BYTES, Round, StepPlan
+from vllm_kimi_ext.verify.ranks import AllGather
+from vllm_kimi_ext.verify.rowmath import min_p_threshold, scale_logits
+from vllm_kimi_ext.verify.step_io import StepInputs
+from vllm_kimi_ext.verify.step_torch import Merged, exact_cut, pick_slots
+
+#: The ``"hist"`` escalation's all-gathers per picked row and rank, as
+#: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
+#: the 16-bit ordered key), the boundary bin's int32 per-key counts (its low byte). Then
+#: one all-gather of bytes: the shard statistics under the found cut and the whole-row
+#: slots.
+HIST_BINS = 256
+KEYS_PER_BIN = 256
+HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4))
+#: Round 3's statistics per picked row (float32); the round is sent as bytes together with
+#: the whole-row slots' shard rows.
+HIST_STATS = 4
+HIST_LAST_ROUND = "hist-stats+rows"
+#: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
+DEFAULT_ROW_FALLBACK_SLOTS = 1
 
 #: Relative distance of ``top_p x Z`` from the running mass on either side of the cut
 #: below which a row takes a whole-row slot (float64 sums of <= 2**24 terms stay far
@@ -114,7 +141,7 @@ def hist_cut(gather: AllGather, z: torch.Tensor, n_valid: int, t: torch.Tensor,
     dev = z.device
     coarse, boundary = coarse_torch, boundary_torch
     if triton:
-        from . import _hist_kernels as hk
+        from testkit import verify_hist_kernels as hk
 
         coarse, boundary = hk.coarse_hist, hk.boundary_counts
     s = scale_logits(z, t)
@@ -237,3 +264,70 @@ def _whole_row_stats(full: torch.Tensor, fidx: torch.Tensor, freal: torch.Tensor
                      (merged.lse, st[:, 2]), (merged.sx, st[:, 3]),
                      (merged.nucleus_margin, margin)):
         dst[fidx] = torch.where(freal, val.to(dst.dtype), dst[fidx])
+
+
+def hist_round_bytes() -> tuple[tuple[str, int], ...]:
+    """``(round, bytes one rank sends per escalated row)`` of the escalation, without the
+    whole-row slots its last round also carries."""
+    return (*((name, width * eb) for name, width, eb in HIST_ROUNDS),
+            (HIST_LAST_ROUND, HIST_STATS * FLOAT_BYTES))
+
+
+@dataclasses.dataclass(frozen=True)
+class HistPlan(StepPlan):
+    """A :class:`StepPlan` whose escalation is the histogram rounds, with
+    ``row_fallback_slots`` whole-row slots for the rows they cannot cut exactly."""
+
+    row_fallback_slots: int = DEFAULT_ROW_FALLBACK_SLOTS
+
+    @property
+    def escalation(self) -> str:
+        return "hist"
+
+    @property
+    def rounds(self) -> tuple[Round, ...]:
+        out: list[Round] = []
+        for r in super().rounds:
+            if r.name != "escalation":
+                out.append(r)
+                continue
+            E = self.escalation_slots
+            out.extend(Round(name, E, width, eb) for name, width, eb in HIST_ROUNDS)
+            out.append(Round(HIST_LAST_ROUND, 1, E * HIST_STATS * FLOAT_BYTES
+                             + self.row_fallback_slots * self.shard_width * self.logits_bytes,
+                             1))
+        return tuple(out)
+
+    @property
+    def escalation_bytes_per_rank(self) -> int:
+        return sum(r.bytes_per_rank for r in self.rounds if r.name.startswith("hist-"))
+
+
+def hist_plan(plan: StepPlan, row_fallback_slots: int | None = None) -> StepPlan:
+    """``plan`` with the histogram escalation (one-hot drafts, 16-bit logits); a plan
+    without escalation slots is returned as it is."""
+    if not plan.escalation_slots:
+        return plan
+    if plan.logits_bytes != 2 or plan.probabilistic:
+        raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
+    fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(StepPlan)}
+    return HistPlan(**fields, row_fallback_slots=max(0, min(fb, plan.escalation_slots)))
+
+
+class HistVerifyStep(GraphVerifyStep):
+    """The graph step with the histogram escalation for a :class:`HistPlan`."""
+
+    def _escalate(self, logits_shard, inp, plan, merged, q_full, tri) -> torch.Tensor:
+        if isinstance(plan, HistPlan) and q_full is None:
+            return escalate_hist(logits_shard, inp, plan, merged, self.all_gather, self.rank,
+                                 self.col_offset, self.vocab_size, "triton" if tri else "torch")
+        return super()._escalate(logits_shard, inp, plan, merged, q_full, tri)
+
+
+class HistStepGraphs(StepGraphs):
+    """:class:`StepGraphs` whose one-hot escalating plans are :class:`HistPlan` s."""
+
+    def padded_plan(self, q, fl):
+        plan = super().padded_plan(q, fl)
+        return plan if plan.probabilistic else hist_plan(plan)

@@ -1,0 +1,89 @@
+"""The verify step's device tensors: its per-row inputs (:class:`StepInputs`, fixed shapes,
+built with device ops only) and its outputs (:class:`StepOutput`). The host-side plan they
+travel with is :class:`~.protocol.StepPlan`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .batch import RowLayout
+
+
+@dataclass
+class StepInputs:
+    """Per-row device tensors of one step (fixed shapes; built without host reads)."""
+
+    #: int64 [num_reqs + 1]
+    cu_num_rows: torch.Tensor
+    #: int64 [rows]: draft verified at each row, -1 on bonus rows / placeholders.
+    draft: torch.Tensor
+    req_of_row: torch.Tensor
+    row_in_req: torch.Tensor
+    temperature: torch.Tensor  # float32 [rows], 0 = greedy
+    seeds: torch.Tensor  # int64 [rows]
+    positions: torch.Tensor  # int64 [rows]
+    top_k: torch.Tensor  # int64 [rows], 0 = off (greedy rows off)
+    min_p: torch.Tensor  # float32 [rows], 0 = off
+    top_p: torch.Tensor  # float32 [rows], 1 = off
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.draft.shape[0])
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.cu_num_rows.shape[0]) - 1
+
+    @staticmethod
+    def from_layout(L: RowLayout, vocab_size: int) -> StepInputs:
+        """From a :class:`~.batch.RowLayout` (tests, benchmarks)."""
+        r = L.req_of_row
+        return StepInputs(
+            cu_num_rows=L.cu_num_rows, draft=L.draft, req_of_row=r, row_in_req=L.row_in_req,
+            temperature=L.temperature, seeds=L.seeds, positions=L.positions,
+            top_k=L.effective_top_k(vocab_size)[r], min_p=L.effective_min_p()[r],
+            top_p=L.effective_top_p()[r])
+
+    @staticmethod
+    def from_requests(cu_num_rows: torch.Tensor, draft: torch.Tensor, temperature: torch.Tensor,
+                      seeds: torch.Tensor, positions: torch.Tensor, top_k: torch.Tensor,
+                      min_p: torch.Tensor, top_p: torch.Tensor, vocab_size: int) -> StepInputs:
+        """From per-request parameters and per-row drafts/positions, with device ops only
+        (``searchsorted`` instead of ``repeat_interleave``): safe inside graph capture.
+        ``draft`` must already be -1 on bonus rows."""
+        cu = cu_num_rows.long()
+        R = draft.shape[0]
+        rows = torch.arange(R, device=draft.device)
+        req = torch.searchsorted(cu[1:], rows, right=True).clamp(max=cu.shape[0] - 2)
+        t = temperature.float()[req]
+        greedy = t == 0
+        k = top_k.long()[req]
+        k = torch.where(greedy | (k >= vocab_size) | (k < 0), torch.zeros_like(k), k)
+        mp = torch.where(greedy, torch.zeros_like(t), min_p.float()[req])
+        tp = torch.where(greedy, torch.ones_like(t), top_p.float()[req])
+        return StepInputs(cu_num_rows=cu, draft=draft.long(), req_of_row=req,
+                          row_in_req=rows - cu[req], temperature=t, seeds=seeds.long()[req],
+                          positions=positions.long(), top_k=k, min_p=mp, top_p=tp)
+
+
+@dataclass
+class StepOutput:
+    """vLLM's ``(sampled, num_sampled)`` plus diagnostics (all device tensors)."""
+
+    sampled: torch.Tensor  # int64 [num_reqs, max_rows_per_req], -1 padded
+    num_sampled: torch.Tensor  # int32 [num_reqs]
+    #: float32 [rows]: accept margin (see :class:`~.batch.VerifyOutput`); NaN on greedy rows.
+    accept_margin: torch.Tensor
+    #: float64 [rows]: nucleus margin (NaN without top-p).
+    nucleus_margin: torch.Tensor
+    #: [rows], bool (int8 on the Triton path): the cut was not certified by round 1.
+    uncertified: torch.Tensor
+    #: [rows], bool or int8: uncertified and no escalation slot.
+    deferred: torch.Tensor
+    #: [num_reqs], bool or int8: this request stopped at a deferred row.
+    stopped: torch.Tensor
+
+    def tokens(self) -> list[list[int]]:
+        return [row[:n] for row, n in zip(self.sampled.tolist(), self.num_sampled.tolist())]
