@@ -103,7 +103,8 @@ def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size:
                     probabilistic: bool = False, candidates: int | None = None,
                     escalation_slots: int | None = None, logits_bytes: int = 2,
                     escalation: str | None = None,
-                    row_fallback_slots: int | None = None) -> StepPlan:
+                    row_fallback_slots: int | None = None,
+                    folded_candidates: int | None = None) -> StepPlan:
     """:func:`~vllm_kimi_ext.verify.step_plan.plan_step` from a layout's tensors (host
     reads: tests and benchmarks only)."""
     m = L.host_modes(vocab_size)
@@ -120,7 +121,8 @@ def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size:
         may_escalate=bool((cut & (k == 0) & ((tp < 1) | (mp > 0))).any()),
         probabilistic=probabilistic, any_uncut_sampling=bool((sampling & ~cut).any()),
         candidates=candidates, escalation_slots=escalation_slots, logits_bytes=logits_bytes,
-        escalation=escalation, row_fallback_slots=row_fallback_slots)
+        escalation=escalation, row_fallback_slots=row_fallback_slots,
+        folded_candidates=folded_candidates)
 
 
 def simulate_graph_step(logits: torch.Tensor, batch: VerifyBatch, tp_size: int,

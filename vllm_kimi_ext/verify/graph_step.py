@@ -61,6 +61,7 @@ from collections import Counter
 import torch
 
 from . import step_torch as st
+from .escalate_folded import escalate_folded
 from .kernels import shard_local_stats
 from .ranks import AllGather, ShardedRank
 from .step_hist import escalate_hist
@@ -116,7 +117,10 @@ class GraphVerifyStep(ShardedRank):
             merged = gk.merge_round1(g, inp, plan, V, rv, q_full)
         else:
             merged = st.merge_round1_torch(g, inp, plan, V, rv, q_full)
-        if plan.escalation_slots:
+        if plan.escalation_slots and plan.escalation == "folded" and q_full is None:
+            # the folded escalation (escalate_folded.py): round 1's payload g is reused
+            deferred = escalate_folded(self, logits_shard, inp, plan, merged, g, tri)
+        elif plan.escalation_slots:
             deferred = self._escalate(logits_shard, inp, plan, merged, q_full, tri)
         else:
             deferred = constant(plan.num_rows, 0, merged.uncertified.dtype, g.device)

@@ -60,7 +60,7 @@ FLOAT_BYTES = 4
 #: shard rows; ``"hist"`` exchanges histograms of 16-bit float rows
 #: (:mod:`.step_hist`) and keeps ``row_fallback_slots`` whole-row slots for the rows it
 #: cannot cut exactly.
-ESCALATIONS = ("rows", "hist")
+ESCALATIONS = ("rows", "hist", "folded")
 #: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
 DEFAULT_ROW_FALLBACK_SLOTS = 1
 #: The escalation a plan gets unless the caller names one. ``"rows"``: measured on one H200
@@ -81,6 +81,24 @@ HIST_ROUNDS = (("hist-coarse", HIST_BINS, 8), ("hist-boundary", KEYS_PER_BIN, 4)
 #: Round 3's statistics per picked row (float32); the round is sent as bytes together with
 #: the whole-row slots' shard rows.
 HIST_STATS = 4
+# --- the folded escalation (``escalation == "folded"``, :mod:`.escalate_folded`) ---------
+#: Further candidates per rank and picked row: the tokens ranked ``W .. W + FOLDED - 1`` of
+#: the shard in (value desc, id asc) order, each one int32 (its 16-bit ordered value key and
+#: local column), so the round-1 certificate runs again over ``W + FOLDED`` per rank.
+#: 384 (``W + FOLDED = 512``): on real rows (bench/reports/topp_fallback_smollm2.md, Kimi's
+#: padded layout, T = 1.0) 1.04 % of rows need more than 256 per rank, 0.05 % more than 1024.
+FOLDED_CANDIDATES = 384
+#: Whole-row slots sent in the same all-gather (the first picked slots: first rows first).
+DEFAULT_FOLDED_ROW_SLOTS = 1
+FOLDED_KEY_BYTES = 4
+
+
+def folded_round_bytes(slots: int, folded: int, row_slots: int, shard_width: int,
+                       logits_bytes: int) -> int:
+    """Bytes one rank sends in the folded escalation's one all-gather: ``slots x folded``
+    int32 keys, then ``row_slots`` whole shard rows, padded to a multiple of 4."""
+    n = slots * folded * FOLDED_KEY_BYTES + row_slots * shard_width * logits_bytes
+    return -(-n // 4) * 4
 
 FALLBACK_REASONS = (
     "vocab_too_large",
@@ -244,8 +262,11 @@ class StepPlan:
     logits_bytes: int = 2
     #: How uncertified rows are cut (one of :data:`ESCALATIONS`).
     escalation: str = "rows"
-    #: Whole-row slots inside a ``"hist"`` escalation (rows it cannot cut exactly).
+    #: Whole-row slots inside a ``"hist"`` escalation (rows it cannot cut exactly) or a
+    #: ``"folded"`` one (its first picked slots).
     row_fallback_slots: int = 0
+    #: Further candidates per rank and picked row of a ``"folded"`` escalation.
+    folded_candidates: int = 0
 
     @property
     def stats_only(self) -> bool:
@@ -271,6 +292,10 @@ class StepPlan:
             out.append(Round("hist-stats+rows", 1, E * HIST_STATS * FLOAT_BYTES
                              + self.row_fallback_slots * self.shard_width * self.logits_bytes,
                              1))
+        elif E and self.escalation == "folded":
+            out.append(Round("escalation-folded", 1, folded_round_bytes(
+                E, self.folded_candidates, self.row_fallback_slots, self.shard_width,
+                self.logits_bytes), 1))
         elif E:
             out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
@@ -294,7 +319,7 @@ class StepPlan:
     def escalation_bytes_per_rank(self) -> int:
         """Bytes each rank sends in the escalation's rounds."""
         return sum(r.bytes_per_rank for r in self.rounds
-                   if r.name == "escalation" or r.name.startswith("hist-"))
+                   if r.name.startswith("escalation") or r.name.startswith("hist-"))
 
     @property
     def bytes_per_escalated_row_per_rank(self) -> float:
@@ -317,7 +342,8 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
               any_uncut_sampling: bool = False, candidates: int | None = None,
               escalation_slots: int | None = None, logits_bytes: int = 2,
               escalation: str | None = None,
-              row_fallback_slots: int | None = None) -> StepPlan:
+              row_fallback_slots: int | None = None,
+              folded_candidates: int | None = None) -> StepPlan:
     """The step plan from host-known facts of the batch.
 
     ``any_cut``: some sampling row has top-k, min-p or top-p; ``max_top_k``: the
@@ -340,12 +366,18 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
         e = max(num_reqs, escalation_slots or 0)
         e = min(e, num_rows)
     esc, fb = choose_escalation(e, logits_bytes, probabilistic, escalation, row_fallback_slots)
+    fc = 0
+    if esc == "folded":
+        fc = FOLDED_CANDIDATES if folded_candidates is None else int(folded_candidates)
+        if fc < 1:
+            raise ValueError(f"folded_candidates must be >= 1, got {fc}")
     return StepPlan(tp_size=tp_size, num_rows=num_rows, num_reqs=num_reqs,
                     max_rows_per_req=max_rows_per_req, candidates=w, escalation_slots=e,
                     all_greedy=all_greedy,
                     residual_round=probabilistic and not all_greedy and any_uncut_sampling,
                     probabilistic=probabilistic, shard_width=shard_width,
-                    logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb)
+                    logits_bytes=logits_bytes, escalation=esc, row_fallback_slots=fb,
+                    folded_candidates=fc)
 
 
 def choose_escalation(slots: int, logits_bytes: int, probabilistic: bool,
@@ -354,13 +386,15 @@ def choose_escalation(slots: int, logits_bytes: int, probabilistic: bool,
     if escalation is not None and escalation not in ESCALATIONS:
         raise ValueError(f"escalation must be one of {ESCALATIONS}, got {escalation!r}")
     exact = logits_bytes == 2 and not probabilistic
-    if escalation == "hist" and not exact and slots:
-        raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
-    fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
-    fb = max(0, min(fb, slots))
+    if escalation in ("hist", "folded") and not exact and slots:
+        raise ValueError(f"the {'histogram' if escalation == 'hist' else 'folded'} escalation "
+                         "needs 16-bit logits and one-hot drafts")
     if escalation is None:
         escalation = DEFAULT_ESCALATION
-    return escalation, (fb if escalation == "hist" else 0)
+    default_fb = DEFAULT_FOLDED_ROW_SLOTS if escalation == "folded" else DEFAULT_ROW_FALLBACK_SLOTS
+    fb = default_fb if row_fallback_slots is None else int(row_fallback_slots)
+    fb = max(0, min(fb, slots))
+    return escalation, (fb if escalation in ("hist", "folded") else 0)
 
 
 
@@ -372,7 +406,8 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      counter: FallbackCounter | None = None,
                      candidates: int | None = None,
                      escalation_slots: int | None = None, escalation: str | None = None,
-                     row_fallback_slots: int | None = None) -> StepPlan | Fallback:
+                     row_fallback_slots: int | None = None,
+                     folded_candidates: int | None = None) -> StepPlan | Fallback:
     """The step's :class:`StepPlan`, or the :class:`Fallback` that sends it to the full
     logits gather, from the requests' sampling parameters (host objects: no device read).
 
@@ -419,7 +454,8 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      may_escalate=may_escalate, probabilistic=probabilistic,
                      any_uncut_sampling=uncut, logits_bytes=logits_bytes,
                      candidates=candidates, escalation_slots=escalation_slots,
-                     escalation=escalation, row_fallback_slots=row_fallback_slots)
+                     escalation=escalation, row_fallback_slots=row_fallback_slots,
+                     folded_candidates=folded_candidates)
 
 
 @dataclass
