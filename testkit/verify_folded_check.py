@@ -29,6 +29,7 @@ from testkit.verify_cases import (
     shaped_logits,
     ties_past_the_cut,
 )
+from testkit import verify_simulate
 from testkit.verify_graph_sim import check_graph_step
 from vllm_kimi_ext.verify import _folded_kernels as fk
 from vllm_kimi_ext.verify.escalate_folded import SENT32, further_candidates_torch
@@ -85,6 +86,9 @@ CASES = (("ties_past_cut", 64, 0, 2), ("ties_past_cut_draft", 64, 1, 2), ("deep_
 
 def main(argv: list[str] | None = None) -> int:
     fk.CHUNK = 16
+    # the interpreter is slow: give the simulated ranks' all-gather barrier time
+    verify_simulate.ThreadedGroup.__init__.__defaults__ = (1800.0,)
+    verify_simulate.run_ranks.__defaults__ = (1800.0,)
     out = [check_further(0), check_further(1)]
     for kind, W2, F, tp in CASES:
         out.append(check_step(kind, W2, F, tp))

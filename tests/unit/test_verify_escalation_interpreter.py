@@ -71,3 +71,21 @@ def test_hist_escalation_in_interpreter():
         assert c["first_rows_deferred"] == [0] * len(c["first_rows_deferred"]), c
         if c["whole_row_slots"] == 0:
             assert c["deferred"] == c["uncertified"] - min(c["uncertified"], c["slots"]), c
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton ships Linux wheels only")
+def test_folded_escalation_in_interpreter():
+    """The folded escalation's kernels (``verify/_folded_kernels.py``, 16-column splits;
+    ``testkit.verify_folded_check``): the further-candidate selection equals its torch body
+    and leaves empty slots alone; the graph step on the Triton backend equals the reference
+    and the torch backend's tokens and deferrals on the pins and tie-heavy rows, with wide
+    (64) and narrow (2-3) further candidates, with and without the whole-row slot."""
+    cases = _interpret("testkit.verify_folded_check")["cases"]
+    further = [c for c in cases if c["kind"] == "further"]
+    steps = [c for c in cases if c["kind"] != "further"]
+    assert len(further) == 2 and all(len(c["widths"]) == 4 for c in further)
+    assert any(w["sentinels"] > 0 for c in further for w in c["widths"])  # padding reached
+    assert len(steps) == 6 and all(c["escalation"] == "folded" for c in steps)
+    assert all(c["uncertified"] > 0 for c in steps), steps
+    assert any(c["deferred"] > 0 for c in steps if c["W2"] <= 3), steps  # narrow: deferrals

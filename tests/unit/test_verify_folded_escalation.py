@@ -54,6 +54,11 @@ def test_further_candidates_continue_round_one_order():
         assert torch.equal(vals[0], torch.where(ok, want_v, want_v)[:, W:])
         assert torch.equal(gids[0].long(), torch.where(ok, want_c, -1)[:, W:])
     assert int((row_keys16(z, n_valid)[:, n_valid:] == SENT32).sum()) == 5 * 6
+    # gathered from two ranks: the second rank's ids are offset by the shard width
+    keys = further_candidates_torch(z, torch.arange(5), 3, 8, 50)
+    vals, gids = decode_keys(torch.stack([keys, keys]), t, 50, torch.bfloat16)
+    assert torch.equal(vals[0], vals[1]) and bool((gids[0] >= 0).all())
+    assert torch.equal(gids[1], gids[0] + 50)
 
 
 def test_plan_rounds_and_refusals():

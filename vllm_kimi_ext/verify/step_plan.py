@@ -59,7 +59,8 @@ FLOAT_BYTES = 4
 #: Escalation kinds (a :class:`StepPlan` field): ``"rows"`` gathers the picked rows' whole
 #: shard rows; ``"hist"`` exchanges histograms of 16-bit float rows
 #: (:mod:`.step_hist`) and keeps ``row_fallback_slots`` whole-row slots for the rows it
-#: cannot cut exactly.
+#: cannot cut exactly; ``"folded"`` sends ``folded_candidates`` further candidates per
+#: picked row and ``row_fallback_slots`` whole rows in one all-gather (:mod:`.escalate_folded`).
 ESCALATIONS = ("rows", "hist", "folded")
 #: Whole-row slots of a ``"hist"`` escalation unless the caller says otherwise.
 DEFAULT_ROW_FALLBACK_SLOTS = 1
