@@ -95,3 +95,23 @@ def test_bad_rows_time_is_one_line(tmp_path):
     p.write_text(json.dumps(doc))
     with pytest.raises(vc.VerifyReportError, match=r"cases\[2\]: field 'ours_rows_us' must"):
         vf.load_folded(p)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_report_prices_the_docs_table(cm):
+    """The package's copy of the measured folded report is the bench report; the table in
+    docs/sharded-verification.md is ``goal_markdown``'s; on it the faster sharded step is
+    priced ahead of batch-sharded sampling at every batch 1-64 (both Kimi settings, k = 3
+    and 7) and the 2x over vLLM's graph step misses only at 4 rows."""
+    assert json.loads(vf.DEFAULT_FOLDED_REPORT.read_text()) == json.loads(
+        (REPO / vf.FOLDED_REPORT_NAME).read_text())
+    fm = vf.load_folded()
+    md = vf.goal_markdown(cm, fm)
+    table = md[:md.index("")]
+    text = (REPO / "docs" / "sharded-verification.md").read_text()
+    assert len(table) > 20 and all(line in text for line in table)
+    g = vf.goal(cm, fm)
+    assert g["behind_batch_sharded"] == []
+    assert g["below_2x_vllm"] and all("rows=4 " in c for c in g["below_2x_vllm"])
