@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from testkit import verify_simulate
 from testkit.verify_cases import (
     PIN_V,
     deep_cut,
@@ -29,7 +30,6 @@ from testkit.verify_cases import (
     shaped_logits,
     ties_past_the_cut,
 )
-from testkit import verify_simulate
 from testkit.verify_graph_sim import check_graph_step
 from vllm_kimi_ext.verify import _folded_kernels as fk
 from vllm_kimi_ext.verify.escalate_folded import SENT32, further_candidates_torch
