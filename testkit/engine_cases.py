@@ -103,18 +103,15 @@ def cost_model_collectives(*, target_layers: int, hidden: int, vocab: int, k: in
     return out
 
 
-def engine_collectives_per_step(summaries: list[dict]) -> dict[str, float]:
-    """Per-step calls by phase from :func:`testkit.engine_probes.collective_summary` of
-    every rank (asserts the ranks agree: SPMD)."""
-    first = summaries[0]
-    for other in summaries[1:]:
-        assert other["calls"] == first["calls"] and other["steps"] == first["steps"], \
-            f"ranks counted different collectives: {first} vs {other}"
-    out: dict[str, float] = {}
-    for (group, phase, _op), n in first["calls"].items():
-        if group == "tp":
-            out[phase] = out.get(phase, 0) + n / first["steps"]
-    return out
+def engine_steps(per_rank: list[list[dict]]) -> list[dict[str, int]]:
+    """Per-step ``{phase: calls}`` (``target``, ``verify``, ``draft``; missing = 0) from
+    :func:`testkit.engine_probes.step_collectives` of every rank (asserts the ranks agree:
+    SPMD)."""
+    first = per_rank[0]
+    for rank, other in enumerate(per_rank[1:], 1):
+        assert other == first, f"rank {rank} counted other collectives than rank 0"
+    return [{p: s.get(p, 0) for p in ("target", "verify", "draft")} | {
+        p: n for p, n in s.items() if p not in ("target", "verify", "draft")} for s in first]
 
 
 #: one sampling filter per request, so each kept set is unambiguous (vLLM applies

@@ -38,7 +38,7 @@ def _generate(eng: Engine) -> tuple[Run, dict]:
 
 @pytest.mark.parametrize("kind", ["self", "eagle3"])
 def test_every_rank_verifies_rank0_drafts(llama, kind):
-    spec = EngineSpec(llama["target"], tp=2, plugin=True, speculative_config=speculative(
+    spec = EngineSpec(llama["target"], tp=2, speculative_config=speculative(
         llama, kind, draft_tensor_parallel_size=1),
         llm_kwargs={"enable_prefix_caching": False})  # three identical runs, no cache hits
     ref = reference(EngineSpec(llama["target"], tp=2))
