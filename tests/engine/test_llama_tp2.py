@@ -48,7 +48,12 @@ def tp2_spec(llama, kind: str, draft_tp1: bool = False, **env) -> EngineSpec:
                       speculative_config=speculative(llama, kind, **extra))
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: in the CPU tier; the others are the same path with another draft class (slow tier)
+FAST = ("eagle3", "eagle3-draft-tp1")
+
+
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in CASES])
 def test_tp2_greedy_equal_and_collectives_match_cost_model(llama, case):
     kind, draft_layers, draft_tp1 = CASES[case]
     spec = tp2_spec(llama, kind, draft_tp1)
