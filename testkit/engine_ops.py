@@ -28,6 +28,8 @@ imports this module):
   (``vllm/v1/worker/cpu_worker.py:72``): registered here as a no-op op under
   ``CompositeExplicitAutograd`` (it has no tensor argument, so a ``CPU`` kernel would
   never be dispatched to).
+* vLLM's Triton top-k/top-p kernel fails under the interpreter: :func:`install_top_k_top_p`
+  routes ``apply_top_k_top_p`` to vLLM's own torch implementation.
 * Triton 3.9's interpreter ``create_splat`` (``triton/runtime/interpreter.py``) builds
   the splatted tensor with the *source* scalar's type instead of the result type's
   element type, so e.g. splatting a constant into an ``int1`` block yields an
@@ -204,6 +206,31 @@ def fix_triton_interpreter_splat() -> bool:
     return True
 
 
+# ---- top-k / top-p: vLLM's torch path instead of its Triton kernel ----------------------------
+
+
+def install_top_k_top_p() -> bool:
+    """vLLM's ``apply_top_k_top_p`` (``vllm/v1/sample/ops/topk_topp_sampler.py:198``) calls
+    the Triton top-k/top-p kernel whenever Triton is present; under Triton 3.9's
+    interpreter that kernel fails ("'int' object has no attribute 'to'",
+    ``topk_topp_triton.py:1713``), so any top-k/top-p request breaks the engine on CPU.
+    Point the module's ``apply_top_k_top_p_triton`` at vLLM's own exact torch
+    implementation (``apply_top_k_top_p_pytorch``, what vLLM uses without Triton). Test
+    harness only: the Triton kernel itself is a GPU-box matter. Returns whether it changed
+    now."""
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    if getattr(ops.apply_top_k_top_p_triton, "_kimi_testkit", False):
+        return False
+
+    def apply_top_k_top_p_torch(logits, k, p, has_topp_only_rows=True):
+        return ops.apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
+
+    apply_top_k_top_p_torch._kimi_testkit = True
+    ops.apply_top_k_top_p_triton = apply_top_k_top_p_torch
+    return True
+
+
 # ---- TP workers forked, not spawned ---------------------------------------------------------
 
 
@@ -238,6 +265,8 @@ def install() -> list[str]:
     done = install_init_cpu_memory_env() + install_cpu_attn()
     if os.environ.get("TRITON_INTERPRET") == "1" and fix_triton_interpreter_splat():
         done.append("triton create_splat")
+    if install_top_k_top_p():
+        done.append("top-k/top-p in torch")
     if keep_worker_fork():
         done.append("fork TP workers")
     return done
