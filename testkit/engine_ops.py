@@ -220,7 +220,8 @@ def install_top_k_top_p() -> bool:
     now."""
     from vllm.v1.sample.ops import topk_topp_sampler as ops
 
-    if getattr(ops.apply_top_k_top_p_triton, "_kimi_testkit", False):
+    triton_fn = getattr(ops, "apply_top_k_top_p_triton", None)  # imported only with Triton
+    if triton_fn is None or getattr(triton_fn, "_kimi_testkit", False):
         return False
 
     def apply_top_k_top_p_torch(logits, k, p, has_topp_only_rows=True):
