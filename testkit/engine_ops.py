@@ -35,6 +35,10 @@ imports this module):
   hits it. :func:`fix_triton_interpreter_splat` replaces that one method when (and
   only when) the installed interpreter has the bug (:func:`splat_bug_present`).
 
+* MLA targets (Kimi-K2.5, DeepSeek-V3) run ``CPU_MLA``, whose decode op is stood in by
+  :mod:`testkit.engine_mla_ops`; their MoE layers call ``_C::cpu_fused_moe`` and
+  ``_C::prepack_moe_weight``, stood in by :mod:`testkit.cpu_stand_ins`.
+
 :func:`install` applies all of it (idempotent); :func:`register` is the
 ``vllm.general_plugins`` entry point (``testkit/engine_plugin``) that vLLM calls in
 every process it starts, so TP workers get the stand-ins too.
@@ -235,7 +239,10 @@ def keep_worker_fork() -> bool:
 
 def install() -> list[str]:
     """Every stand-in and fix above (idempotent); returns what was installed now."""
-    done = install_init_cpu_memory_env() + install_cpu_attn()
+    from testkit import cpu_stand_ins, engine_mla_ops  # MLA decode, MoE (Kimi targets)
+
+    done = (install_init_cpu_memory_env() + install_cpu_attn() + engine_mla_ops.install()
+            + cpu_stand_ins.install())
     if os.environ.get("TRITON_INTERPRET") == "1" and fix_triton_interpreter_splat():
         done.append("triton create_splat")
     if keep_worker_fork():
