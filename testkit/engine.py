@@ -83,6 +83,9 @@ class EngineSpec:
     max_model_len: int = 512
     max_num_seqs: int = 8
     kv_cache_memory_bytes: int = 32 << 20
+    #: start the child with its own interpreter instead of forking the zygote (needed when
+    #: ``env`` changes what is imported, e.g. ``PYTHONPATH``)
+    fresh_interpreter: bool = False
 
     def without_speculation(self) -> EngineSpec:
         return dataclasses.replace(self, speculative_config=None)
@@ -156,7 +159,7 @@ class Engine:
         env = engine_env(spec)
         (Path(self._dir.name) / "env.pkl").write_bytes(pickle.dumps(env))
         self.log_path.touch()
-        self.proc = _launch(self._dir.name, env)
+        self.proc = _launch(self._dir.name, env, fresh=spec.fresh_interpreter)
         self._conn = None
         self.start_seconds = None
         t0 = time.monotonic()
@@ -345,8 +348,8 @@ def _stop_zygote() -> None:
         z.wait()
 
 
-def _launch(workdir: str, env: dict[str, str]) -> _Child:
-    if os.environ.get("KIMI_TESTKIT_ENGINE_FORK", "1") == "0":
+def _launch(workdir: str, env: dict[str, str], fresh: bool = False) -> _Child:
+    if fresh or os.environ.get("KIMI_TESTKIT_ENGINE_FORK", "1") == "0":
         log = open(Path(workdir) / "engine.log", "wb")
         popen = subprocess.Popen([sys.executable, "-m", "testkit.engine", workdir],
                                  cwd=str(ROOT), env=env, stdout=log,

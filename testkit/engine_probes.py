@@ -110,3 +110,13 @@ def restore_draft(worker: Any) -> bool:
             params[name].copy_(value)
     setattr(worker, _SAVED, None)
     return True
+
+
+def plugin_state(worker: Any) -> dict:
+    """Whether this process's plugin registered (pin check passed) and which runtime
+    patches it applied."""
+    from vllm_kimi_ext import plugin
+    from vllm_kimi_ext.patching import applied_patches
+
+    return {"rank": rank_of(worker), "registered": bool(plugin._state["registered"]),
+            "patches": sorted(applied_patches())}
