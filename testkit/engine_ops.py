@@ -208,6 +208,46 @@ def fix_triton_interpreter_splat() -> bool:
     return True
 
 
+def range_bug_present() -> bool:
+    """Does the installed interpreter run ``tl.range`` as Python's ``range`` (its loop
+    variable a Python ``int``, where compiled Triton gives an ``int32`` scalar tensor)?
+    vLLM's top-k/top-p kernel then fails at ``row_id.to(tl.int64)``
+    (``vllm/v1/sample/ops/topk_topp_triton.py:127-128``: "'int' object has no attribute
+    'to'"), so no top-k / top-p request can be sampled in the engine on CPU."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    core = _STATE.get("original_patch_lang_core", getattr(interpreter, "_patch_lang_core", None))
+    return core is not None and "return range(start, end, step)" in inspect.getsource(core)
+
+
+def fix_triton_interpreter_range() -> bool:
+    """Make the interpreter's ``tl.range`` (not ``tl.static_range``, whose variable is a
+    compile-time int) yield ``int32`` scalar tensors, as compiled Triton does (only if the
+    bug is present). Returns whether the patch was installed now."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if "original_patch_lang_core" in _STATE or not range_bug_present():
+        return False
+    original = _STATE["original_patch_lang_core"] = interpreter._patch_lang_core
+
+    def tensor_range(arg1, arg2=None, step=None, **kwargs):
+        start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+        for i in range(int(start), int(end), int(step or 1)):
+            yield tl.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32),
+                            tl.int32)
+
+    def patch_lang_core(lang, scope):
+        original(lang, scope)
+        scope.set_attr(lang, "range", tensor_range)
+
+    interpreter._patch_lang_core = patch_lang_core
+    return True
+
+
 # ---- TP workers forked, not spawned ---------------------------------------------------------
 
 
@@ -245,6 +285,8 @@ def install() -> list[str]:
             + cpu_stand_ins.install())
     if os.environ.get("TRITON_INTERPRET") == "1" and fix_triton_interpreter_splat():
         done.append("triton create_splat")
+    if os.environ.get("TRITON_INTERPRET") == "1" and fix_triton_interpreter_range():
+        done.append("triton range")
     if keep_worker_fork():
         done.append("fork TP workers")
     return done
