@@ -35,7 +35,7 @@ def _config(path, model) -> None:
     cfg = {
         "name": "cpu-real-server", "model": str(model), "serve_args": SERVE_ARGS,
         "allow_same_python": True,
-        "matrix": {"speculative": {
+        "matrix": {"env": {"cpu": {"python": "@stock"}}, "speculative": {
             "none": None,
             "ngram-k3": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                                                 "prompt_lookup_min": 1,
@@ -60,16 +60,20 @@ def test_runner_against_vllm_serve_on_cpu(tmp_path):
     env = engine_env(EngineSpec(str(model)))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # vllm serve: engine core in its own process
     out = tmp_path / "out"
+    cmd = [sys.executable, "bench/e2e/runner.py", "run", "--config", str(cfg), "--python",
+           f"stock={sys.executable}", "--out", str(out), "--no-git"]
+    plan = subprocess.run([*cmd, "--plan-only"], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=str(ROOT))
+    assert plan.returncode == 0, plan.stderr[-2000:]
     proc = subprocess.run(
-        [sys.executable, "bench/e2e/runner.py", "run", "--config", str(cfg), "--python",
-         f"stock={sys.executable}", "--out", str(out), "--no-git"],
-        env=env, capture_output=True, text=True, timeout=1800, cwd=str(ROOT))
+        cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=str(ROOT))
+    assert (out / "results.json").is_file(), (proc.returncode, proc.stderr[-3000:])
     res = json.loads((out / "results.json").read_text())
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:],
                                   [(r["id"], r["status"], r.get("reason")) for r in res["runs"]])
     assert validate(res, E2EResults) == []
     runs = {r["id"]: r for r in res["runs"]}
-    assert sorted(runs) == ["speculative=ngram-k3", "speculative=none"]
+    assert sorted(runs) == ["env=cpu,speculative=ngram-k3", "env=cpu,speculative=none"]
     for r in runs.values():
         assert r["status"] == "ok", r
         assert r["server_software"]["vllm"] == "0.34.0"
@@ -81,8 +85,8 @@ def test_runner_against_vllm_serve_on_cpu(tmp_path):
             assert lv["output_tokens_per_s"] > 0 and lv["tpot_ms_p50"] > 0, lv
     logs = sorted((out / "logs").glob("*.log"))  # one per launch, the server's whole output
     assert len(logs) == 2 and all("Using CPU_MLA backend" in p.read_text() for p in logs)
-    assert runs["speculative=none"]["levels"][0]["acceptance"] is None
-    acc = runs["speculative=ngram-k3"]["levels"][0]["acceptance"]
+    assert runs["env=cpu,speculative=none"]["levels"][0]["acceptance"] is None
+    acc = runs["env=cpu,speculative=ngram-k3"]["levels"][0]["acceptance"]
     assert acc is not None and acc["num_drafts"] > 0, acc  # read from vLLM's /metrics
     assert acc["draft_tokens"] == 3 * acc["num_drafts"], acc
     # the runner stopped every server: nothing of ours listens or runs any more
