@@ -35,6 +35,10 @@ imports this module):
   hits it. :func:`fix_triton_interpreter_splat` replaces that one method when (and
   only when) the installed interpreter has the bug (:func:`splat_bug_present`).
 
+* Triton 3.9's interpreter runs ``tl.range`` as Python's ``range`` (loop variable a Python
+  int, not an ``int32`` scalar), so vLLM's top-k/top-p kernel fails at ``row_id.to(...)``
+  (``vllm/v1/sample/ops/topk_topp_triton.py:128``); :func:`fix_triton_interpreter_range`
+  makes ``tl.range`` yield scalar tensors (only where the interpreter has the bug).
 * MLA targets (Kimi-K2.5, DeepSeek-V3) run ``CPU_MLA``, whose decode op is stood in by
   :mod:`testkit.engine_mla_ops`; their MoE layers call ``_C::cpu_fused_moe`` and
   ``_C::prepack_moe_weight``, stood in by :mod:`testkit.cpu_stand_ins`.

@@ -105,3 +105,16 @@ def test_self_draft_accepts_every_token(kimi):
     run = ek.run(_spec(kimi, "self"))
     _same_as_plain(kimi, run)
     _check_metrics(run, all_accepted=True)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["eagle3-mla", "mtp"])
+def test_tp2_plugin_on_greedy_identical(kimi, kind):
+    """TP 2 over gloo, plugin on (its runtime patches installed in both workers): greedy
+    equal to the TP 2 engine without speculation and without the plugin."""
+    run = ek.run(ek.kimi_spec(kimi["mtp-target"] if kind == "mtp" else kimi["target"],
+                              ek.speculative(kind, kimi), tp=2, plugin=True))
+    plain = ek.reference(ek.kimi_spec(kimi["target"], tp=2))
+    assert run.tokens == plain.tokens
+    _check_metrics(run)
