@@ -45,6 +45,17 @@ def write_kimi_target(path: str | Path, *, with_mtp: bool = False, seed: int = 0
     return path
 
 
+_SHARED: dict[str, Path] = {}
+
+
+def shared_target(tmp_path_factory) -> Path:
+    """One :func:`write_kimi_target` directory per test session, so every module's engines
+    on it share one reference engine (:func:`reference` is keyed by the spec)."""
+    if "target" not in _SHARED:
+        _SHARED["target"] = write_kimi_target(tmp_path_factory.mktemp("engine-kimi") / "target")
+    return _SHARED["target"]
+
+
 def write_kimi_eagle3(path: str | Path, style: str, *, seed: int = 1) -> Path:
     """An EAGLE-3 head for :data:`ENGINE_KIMI` (``style``: ``llama`` or ``mla``), full
     vocabulary, two aux hidden states: the inputs of layers 1 and 2, named at the config's

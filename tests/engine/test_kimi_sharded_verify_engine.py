@@ -41,7 +41,7 @@ SAMPLED = [
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return ek.write_kimi_target(tmp_path_factory.mktemp("engine-kimi-tp2") / "target")
+    return ek.shared_target(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.vllm]
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return ek.write_kimi_target(tmp_path_factory.mktemp("engine-kimi") / "target")
+    return ek.shared_target(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
