@@ -135,12 +135,18 @@ class Completion:
 
 
 class EngineError(RuntimeError):
-    """The child raised: ``kind`` is the exception type, ``message`` its one-line
-    ``str()``, ``detail`` the traceback and the log tail."""
+    """The child raised: ``kind`` is the exception type, ``message`` its ``str()``,
+    ``detail`` the traceback and the log tail."""
 
     def __init__(self, kind: str, message: str, detail: str = ""):
         super().__init__(f"{kind}: {message}\n{detail}")
         self.kind, self.message, self.detail = kind, message, detail
+
+    def lines(self) -> list[str]:
+        """The message's lines, stripped, pydantic's ``Value error, `` prefix removed (a
+        config refusal reaches ``LLM()`` wrapped in pydantic's ValidationError)."""
+        return [ln.strip().removeprefix("Value error, ").split(" [type=")[0]
+                for ln in self.message.splitlines() if ln.strip()]
 
 
 class Engine:
@@ -351,8 +357,9 @@ def _stop_zygote() -> None:
 def _launch(workdir: str, env: dict[str, str], fresh: bool = False) -> _Child:
     if fresh or os.environ.get("KIMI_TESTKIT_ENGINE_FORK", "1") == "0":
         log = open(Path(workdir) / "engine.log", "wb")
+        # cwd: the work directory, so ``-m`` puts nothing of ours before PYTHONPATH
         popen = subprocess.Popen([sys.executable, "-m", "testkit.engine", workdir],
-                                 cwd=str(ROOT), env=env, stdout=log,
+                                 cwd=workdir, env=env, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         return _Child(popen.pid, popen)
@@ -455,8 +462,7 @@ def _child(workdir: str) -> None:
                 raise ValueError(f"unknown op {op!r}")
             conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the test
-            first = (str(exc).strip().splitlines() or [""])[0]
-            conn.send(("err", (type(exc).__name__, first, traceback.format_exc())))
+            conn.send(("err", (type(exc).__name__, str(exc).strip(), traceback.format_exc())))
             if op == "ready":
                 break
     conn.close()

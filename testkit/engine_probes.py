@@ -120,3 +120,39 @@ def plugin_state(worker: Any) -> dict:
 
     return {"rank": rank_of(worker), "registered": bool(plugin._state["registered"]),
             "patches": sorted(applied_patches())}
+
+
+def track_steps(worker: Any) -> None:
+    """From now on, record the collectives of every model-runner step separately
+    (:func:`step_collectives` reads them): wraps the live reporter's ``step_done``."""
+    from vllm_kimi_ext.comm import accounting
+
+    reporter = accounting._live["reporter"]
+    reporter.counter.clear()
+    reporter.steps = 0
+    reporter._mark = 0
+    marks: list[int] = []
+    inner = type(reporter).step_done
+
+    def step_done():
+        marks.append(len(reporter.counter.calls))
+        inner(reporter)
+
+    reporter.step_done = step_done
+    reporter._kimi_testkit_marks = marks
+
+
+def step_collectives(worker: Any) -> list[dict]:
+    """Per step since :func:`track_steps`: ``{phase: tp-group calls}``."""
+    from vllm_kimi_ext.comm import accounting
+
+    reporter = accounting._live["reporter"]
+    calls, out, start = reporter.counter.calls, [], 0
+    for end in reporter._kimi_testkit_marks:
+        step: dict[str, int] = {}
+        for c in calls[start:end]:
+            if c.group == "tp":
+                step[c.phase] = step.get(c.phase, 0) + 1
+        out.append(step)
+        start = end
+    return out

@@ -36,9 +36,9 @@ def _generate(eng: Engine) -> tuple[Run, dict]:
     return Run([o.token_ids for o in outs], {}, {}), _delta(eng.spec_metrics(), before)
 
 
-@pytest.mark.parametrize("kind", ["self", "eagle3"])
+@pytest.mark.parametrize("kind", ["self", pytest.param("eagle3", marks=pytest.mark.slow)])
 def test_every_rank_verifies_rank0_drafts(llama, kind):
-    spec = EngineSpec(llama["target"], tp=2, plugin=True, speculative_config=speculative(
+    spec = EngineSpec(llama["target"], tp=2, speculative_config=speculative(
         llama, kind, draft_tensor_parallel_size=1),
         llm_kwargs={"enable_prefix_caching": False})  # three identical runs, no cache hits
     ref = reference(EngineSpec(llama["target"], tp=2))

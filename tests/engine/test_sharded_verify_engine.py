@@ -6,10 +6,11 @@ eligible (the DeepSeek/Kimi targets get it from patch 0002):
 * greedy output equal, token for token, to the engine without speculation (plugin off),
   with every verification step taken by the sharded verifier (its step counter read back
   from each worker; no fallback counted);
-* a mixed batch sampling with top-p, top-k and min-p (one per request, fixed seeds): every
+* a mixed batch sampling with top-p and top-k (one per request, fixed seeds): every
   sampled token lies in the target's kept set, recomputed with Hugging Face transformers
   on each generated prefix (asking the engine for logprobs would make the step fall back
-  to the full gather).
+  to the full gather). min-p is refused by vLLM 0.34.0 itself with speculative decoding
+  (checked here, with its message).
 """
 
 from __future__ import annotations
@@ -70,3 +71,14 @@ def test_sharded_verify_sampling_stays_in_kept_set(engine, llama):
     for b, a in zip(before, after):
         assert a["steps"] > b["steps"], (b, a)  # the sampling steps went sharded too
         assert a["fallbacks"] == b["fallbacks"], (b, a)
+
+
+def test_min_p_refused_with_speculation(engine):
+    """vLLM's own refusal (``SamplingParams._validate_spec_decode``): why the kept-set run has
+    no min-p request. Should vLLM start accepting it, this fails and min-p joins SAMPLED."""
+    from testkit.engine import EngineError
+
+    with pytest.raises(EngineError) as err:
+        engine.generate(PROMPTS[:1], {"max_tokens": 2, "temperature": 1.0, "min_p": 0.2})
+    assert err.value.lines()[0] == ("The min_p and logit_bias sampling parameters are not yet "
+                                    "supported with speculative decoding.")

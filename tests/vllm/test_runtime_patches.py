@@ -87,6 +87,21 @@ def test_step_counting_reports_each_finished_step(monkeypatch):
     assert steps == [1]
 
 
+def test_step_counting_labels_sample_tokens_verify(monkeypatch, clean_runtime):
+    """The logits all-gather inside vLLM's ``sample_tokens`` counts as ``verify`` (as in
+    the cost model), not as ``target``."""
+    from vllm_kimi_ext.comm import CollectiveCounter, accounting
+    from vllm_kimi_ext.runtime.gpu_model_runner import GPUModelRunnerStepCounting as P
+
+    seen = []
+    monkeypatch.setattr(accounting, "live_step_done", lambda: None)
+    monkeypatch.setattr(P, "original", classmethod(lambda cls, name: lambda *a, **k: seen.append(
+        accounting.active_counter().current_phase)))
+    with CollectiveCounter():
+        P.__dict__["sample_tokens"](SimpleNamespace(), None)
+    assert seen == ["verify"]
+
+
 def test_label_draft_phase_labels_propose_once(clean_runtime):
     from vllm_kimi_ext.comm import CollectiveCounter, accounting
 

@@ -30,6 +30,8 @@ from vllm_kimi_ext.costmodel.terms import Term
 PLACEMENTS = ("tp1", "tp8", "tp8-repemb")
 #: Bytes each rank contributes per row to a draft's local-argmax top-token gather.
 TOP_TOKEN_BYTES_PER_ROW_PER_RANK = 8
+#: one draft token id as vLLM's speculators hold them (int64)
+DRAFT_TOKEN_ID_BYTES = 8
 #: Kernels of a small draft decoder layer and of a draft forward's head/embedding.
 KERNELS_PER_LAYER = {"llama": 14, "mla": 18, "mla_moe": 24}
 KERNELS_PER_FORWARD = 6
@@ -195,6 +197,14 @@ def step_terms(cm: Any, draft: DraftProfile, k: int, batch: int, context: int,
             terms.append(cm.collective("draft", f"forward {i + 1} top-token gather",
                                        "allgather", 1, per_rank * tp, "nccl",
                                        per_rank_bytes=per_rank))
+    if tp == 1 and cm.tp > 1:
+        # draft TP 1 (patches 0006/0007): each rank drafts with its own whole copy, then all
+        # adopt rank 0's draft tokens, one broadcast of [batch, k] int64 ids per step
+        # (spec_decode/unsharded_draft.py agree_on_draft_tokens); counted in vLLM's engine
+        # by tests/engine/test_llama_tp2.py. Priced as a tiny all-gather (NCCL).
+        nbytes = batch * k * DRAFT_TOKEN_ID_BYTES
+        terms.append(cm.collective("draft", "rank 0's draft tokens broadcast (draft TP 1)",
+                                   "allgather", 1, nbytes, "nccl", per_rank_bytes=nbytes))
     return terms
 
 

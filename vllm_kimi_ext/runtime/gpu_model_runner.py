@@ -14,8 +14,10 @@ from vllm_kimi_ext.patching import Patch
 
 
 class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
-    """Live collective counting: the speculator's ``propose`` counts as phase
-    ``"draft"``, and every finished step feeds the per-N-steps report."""
+    """Live collective counting: ``sample_tokens`` (logits, their all-gather, sampling or
+    verification) counts as phase ``"verify"``, the speculator's ``propose`` inside it as
+    ``"draft"``, the forward (``execute_model``) as ``"target"``; every finished step feeds
+    the per-N-steps report."""
 
     def execute_model(self, *args, **kwargs):
         accounting.label_draft_phase(self)
@@ -23,7 +25,9 @@ class GPUModelRunnerStepCounting(Patch[GPUModelRunner]):
 
     def sample_tokens(self, *args, **kwargs):
         try:
-            return GPUModelRunnerStepCounting.original("sample_tokens")(self, *args, **kwargs)
+            with accounting.phase("verify"):
+                return GPUModelRunnerStepCounting.original("sample_tokens")(
+                    self, *args, **kwargs)
         finally:
             accounting.live_step_done()
 
