@@ -83,20 +83,29 @@ def write_kimi_dflash(path: str | Path, *, seed: int = 3) -> Path:
 
 
 def write_kimi_tli_pair(target: str | Path, draft: str | Path) -> tuple[Path, Path]:
-    """The target's Kimi-format tokenizer files, and a ``kimi_tli`` draft with another
-    tokenizer: the target's own language model re-indexed for a different rank file
+    """A ``kimi_tli`` draft with another tokenizer for ``target``: returns ``(target's
+    tokenizer directory, draft)``. The tokenizer directory is a copy of the target (config,
+    weights) with its Kimi-format tokenizer files; the target directory itself stays
+    without them (with tokenizer files there, vLLM builds the multimodal processor for a
+    ``KimiK25`` *draft* of it and a self-draft fails on the missing image processor). The
+    draft is the target's own language model re-indexed for a different rank file
     (:func:`testkit.tli_scenarios.write_retokenized_draft`: 20 % of the target's multi-byte
-    tokens dropped, 160 new ones, ids shuffled). It is MLA like the target, so it runs on
-    ``CPU_MLA`` next to it; it computes what the target computes wherever the context maps
-    exactly, so acceptance is high but not total."""
+    tokens dropped, 160 new ones, ids shuffled), MLA like the target, so it runs on
+    ``CPU_MLA`` next to it."""
+    import shutil
+
     from testkit.tli_scenarios import write_retokenized_draft, write_target_tokenizer
 
     target, draft = Path(target), Path(draft)
-    if not (target / "tiktoken.model").is_file():
-        write_target_tokenizer(target, ENGINE_KIMI)
+    tok = draft.parent / (draft.name + "-target-tokenizer")
+    if not (tok / "tiktoken.model").is_file():
+        tok.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(target / name, tok / name)
+        write_target_tokenizer(tok, ENGINE_KIMI)
     if not (draft / "model.safetensors").is_file():
-        write_retokenized_draft(target, draft, spec=ENGINE_KIMI, dtype=torch.float32)
-    return target, draft
+        write_retokenized_draft(tok, draft, spec=ENGINE_KIMI, dtype=torch.float32)
+    return tok, draft
 
 
 # ---- the independent reference -----------------------------------------------------------
@@ -268,7 +277,7 @@ def speculative(kind: str, drafts: dict[str, Path], **extra) -> dict | None:
     elif kind == "kimi_tli":  # a draft with another tokenizer (plugin on)
         cfg = {"method": "kimi_tli", "model": str(drafts[kind]),
                "speculator_options": {"draft_tokenizer": str(drafts[kind]),
-                                      "target_tokenizer": str(drafts["target"])}}
+                                      "target_tokenizer": str(drafts["kimi_tli-tokenizer"])}}
     else:
         cfg = {"method": kind, "model": str(drafts[kind])}
     return {**cfg, "num_speculative_tokens": K, **extra}

@@ -27,7 +27,8 @@ def kimi(tmp_path_factory):
          "eagle3-llama": ek.write_kimi_eagle3(root / "eagle3-llama", "llama"),
          "eagle3-mla": ek.write_kimi_eagle3(root / "eagle3-mla", "mla"),
          "dflash": ek.write_kimi_dflash(root / "dflash")}
-    d["kimi_tli"] = ek.write_kimi_tli_pair(d["target"], root / "tli-draft")[1]
+    d["kimi_tli-tokenizer"], d["kimi_tli"] = ek.write_kimi_tli_pair(d["target"],
+                                                                    root / "tli-draft")
     return d
 
 
