@@ -58,16 +58,17 @@ def _same_as_plain(kimi, run) -> None:
 
 
 def test_mtp_target_shares_the_plain_targets_weights(kimi):
-    """The MTP checkpoint is the plain target plus layer 3 (same seed, same tensors), so
-    both are compared with one reference engine."""
+    """The MTP checkpoint's language model is the plain target's plus layer 3 (same seed,
+    same tensors), so both are compared with one reference engine."""
     from safetensors.torch import load_file
 
     plain = load_file(str(kimi["target"] / "model.safetensors"))
     mtp = load_file(str(kimi["mtp-target"] / "model.safetensors"))
     extra = sorted(set(mtp) - set(plain))
     assert extra and all(k.startswith("language_model.model.layers.3.") for k in extra)
-    for name, t in plain.items():
-        assert mtp[name].equal(t), name
+    for name, t in plain.items():  # the vision tower is not built (text-only engines)
+        if name.startswith("language_model."):
+            assert mtp[name].equal(t), name
 
 
 @pytest.mark.parametrize("kind", ["eagle3-mla"])
