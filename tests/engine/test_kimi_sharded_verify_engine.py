@@ -24,7 +24,7 @@ from testkit import engine_kimi as ek
 from testkit.engine import Engine
 from testkit.engine_cases import kept_set_violations
 
-pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.distributed]
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow]
 
 SHARDED = {"VLLM_KIMI_EXT_SHARDED_VERIFY": "1", "VLLM_KIMI_EXT_SHARDED_VERIFY_GRAPHS": "0"}
 COUNTERS = "testkit.engine_probes:sharded_verify_counters"
