@@ -6,9 +6,9 @@
     nox -s bench -- --only collectives      # one section (repeatable / comma list)
     nox -s bench -- --skip e2e
 
-Sections (bench/README.md): costmodel, verify-cpu, collectives (any machine), gpu-kernels
-(one GPU), allreduce (several GPUs), e2e (the real box; elsewhere the pipeline on a tiny
-checkpoint). Writes ``<out>/results.json`` (schema ``vllm-kimi-ext/bench-results/1``) and
+Sections (bench/README.md): costmodel, verify-cpu, collectives, engine (any machine),
+gpu-kernels (one GPU), allreduce (several GPUs), e2e (the real box; elsewhere the pipeline on
+a tiny checkpoint). Writes ``<out>/results.json`` (schema ``vllm-kimi-ext/bench-results/1``) and
 ``<out>/report.md`` with its PNG plots; a run replaces the results of an earlier one in the
 same ``--out`` and says so. The work is done by ``bench/harness/`` (``suite.py`` and one
 module per section in ``sections/``).

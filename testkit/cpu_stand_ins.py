@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 
 _LIB: torch.library.Library | None = None
+#: calls per stand-in in this process (the engine tests read them back from workers)
+CALLS: dict[str, int] = {"prepack_moe_weight": 0, "cpu_fused_moe": 0}
 _ACTIVATIONS = {
     "silu": torch.nn.functional.silu,
     "gelu": torch.nn.functional.gelu,
@@ -27,6 +29,7 @@ _ACTIVATIONS = {
 
 
 def stand_in_prepack_moe_weight(weight: torch.Tensor, output: torch.Tensor, isa: str) -> None:
+    CALLS["prepack_moe_weight"] += 1
     output.copy_(weight)
 
 
@@ -44,6 +47,7 @@ def stand_in_cpu_fused_moe(
     isa: str,
 ) -> None:
     """Reference semantics of vLLM's fused CPU MoE (gate/up stacked in w13)."""
+    CALLS["cpu_fused_moe"] += 1
     act_name = act.lower().removesuffix("_and_mul")
     if act_name not in _ACTIVATIONS:
         raise NotImplementedError(f"stand-in cpu_fused_moe: activation {act!r}")

@@ -129,7 +129,7 @@ SAMPLED = [
 
 
 def kept_set_violations(target_dir: str, prompts: list[list[int]], outputs: list[list[int]],
-                        params: list[dict], eps: float = 1e-4) -> list[str]:
+                        params: list[dict], eps: float = 1e-4, model=None) -> list[str]:
     """Every sampled token must lie in the target's kept set after temperature and the
     request's filter, recomputed independently: Hugging Face transformers' forward of the
     target on each request's prompt + generated tokens (one causal pass gives every
@@ -139,7 +139,8 @@ def kept_set_violations(target_dir: str, prompts: list[list[int]], outputs: list
     import torch
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32).eval()
+    if model is None:  # another architecture passes its own transformers model
+        model = LlamaForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32).eval()
     bad = []
     for i, (prompt, out, p) in enumerate(zip(prompts, outputs, params)):
         ids = torch.tensor([prompt + out])

@@ -28,14 +28,23 @@ imports this module):
   (``vllm/v1/worker/cpu_worker.py:72``): registered here as a no-op op under
   ``CompositeExplicitAutograd`` (it has no tensor argument, so a ``CPU`` kernel would
   never be dispatched to).
-* vLLM's Triton top-k/top-p kernel fails under the interpreter: :func:`install_top_k_top_p`
-  routes ``apply_top_k_top_p`` to vLLM's own torch implementation.
 * Triton 3.9's interpreter ``create_splat`` (``triton/runtime/interpreter.py``) builds
   the splatted tensor with the *source* scalar's type instead of the result type's
   element type, so e.g. splatting a constant into an ``int1`` block yields an
   ``int32`` "mask" that ``tl.load``/``tl.where`` then reject; vLLM's ngram speculator
   hits it. :func:`fix_triton_interpreter_splat` replaces that one method when (and
   only when) the installed interpreter has the bug (:func:`splat_bug_present`).
+* Triton 3.9's interpreter runs ``tl.range`` as Python's ``range`` (loop variable a Python
+  int, not an ``int32`` scalar), so vLLM's top-k/top-p kernel fails at ``row_id.to(...)``
+  (``vllm/v1/sample/ops/topk_topp_triton.py:128``); :func:`fix_triton_interpreter_range`
+  makes ``tl.range`` yield scalar tensors (only where the interpreter has the bug), so the
+  kernel runs here (``tests/engine/test_triton_interpreter_range.py``).
+* In the engine, :func:`install_top_k_top_p` still routes ``apply_top_k_top_p`` to vLLM's
+  own exact torch implementation: the Triton kernel's nucleus is approximate (vLLM 0.34.0
+  documents it), and the engine tests check every sampled token against the exact kept set.
+* MLA targets (Kimi-K2.5, DeepSeek-V3) run ``CPU_MLA``, whose decode op is stood in by
+  :mod:`testkit.engine_mla_ops`; their MoE layers call ``_C::cpu_fused_moe`` and
+  ``_C::prepack_moe_weight``, stood in by :mod:`testkit.cpu_stand_ins`.
 
 :func:`install` applies all of it (idempotent); :func:`register` is the
 ``vllm.general_plugins`` entry point (``testkit/engine_plugin``) that vLLM calls in
@@ -206,6 +215,46 @@ def fix_triton_interpreter_splat() -> bool:
     return True
 
 
+def range_bug_present() -> bool:
+    """Does the installed interpreter run ``tl.range`` as Python's ``range`` (its loop
+    variable a Python ``int``, where compiled Triton gives an ``int32`` scalar tensor)?
+    vLLM's top-k/top-p kernel then fails at ``row_id.to(tl.int64)``
+    (``vllm/v1/sample/ops/topk_topp_triton.py:127-128``: "'int' object has no attribute
+    'to'"), so no top-k / top-p request can be sampled in the engine on CPU."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    core = _STATE.get("original_patch_lang_core", getattr(interpreter, "_patch_lang_core", None))
+    return core is not None and "return range(start, end, step)" in inspect.getsource(core)
+
+
+def fix_triton_interpreter_range() -> bool:
+    """Make the interpreter's ``tl.range`` (not ``tl.static_range``, whose variable is a
+    compile-time int) yield ``int32`` scalar tensors, as compiled Triton does (only if the
+    bug is present). Returns whether the patch was installed now."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if "original_patch_lang_core" in _STATE or not range_bug_present():
+        return False
+    original = _STATE["original_patch_lang_core"] = interpreter._patch_lang_core
+
+    def tensor_range(arg1, arg2=None, step=None, **kwargs):
+        start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+        for i in range(int(start), int(end), int(step or 1)):
+            yield tl.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32),
+                            tl.int32)
+
+    def patch_lang_core(lang, scope):
+        original(lang, scope)
+        scope.set_attr(lang, "range", tensor_range)
+
+    interpreter._patch_lang_core = patch_lang_core
+    return True
+
+
 # ---- top-k / top-p: vLLM's torch path instead of its Triton kernel ----------------------------
 
 
@@ -263,9 +312,14 @@ def keep_worker_fork() -> bool:
 
 def install() -> list[str]:
     """Every stand-in and fix above (idempotent); returns what was installed now."""
-    done = install_init_cpu_memory_env() + install_cpu_attn()
+    from testkit import cpu_stand_ins, engine_mla_ops  # MLA decode, MoE (Kimi targets)
+
+    done = (install_init_cpu_memory_env() + install_cpu_attn() + engine_mla_ops.install()
+            + cpu_stand_ins.install())
     if os.environ.get("TRITON_INTERPRET") == "1" and fix_triton_interpreter_splat():
         done.append("triton create_splat")
+    if os.environ.get("TRITON_INTERPRET") == "1" and fix_triton_interpreter_range():
+        done.append("triton range")
     if install_top_k_top_p():
         done.append("top-k/top-p in torch")
     if keep_worker_fork():

@@ -58,9 +58,11 @@ def write_retokenized_draft(
     drop_fraction: float = 0.2,
     n_new: int = 160,
     seed: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> RetokenizedDraft:
     """See the module docstring.  ``target_dir`` holds a tiny Kimi-K2.5 checkpoint
-    (``write_tiny_kimi_k25``) and its tokenizer (:func:`write_target_tokenizer`)."""
+    (``write_tiny_kimi_k25``, written in ``dtype``) and its tokenizer
+    (:func:`write_target_tokenizer`)."""
     from safetensors.torch import load_file, save_file
 
     from vllm_kimi_ext.tokenizers.loading import vocab_keys
@@ -85,7 +87,7 @@ def write_retokenized_draft(
 
     dspec = dataclasses.replace(spec, num_ranks=n_ranks)
     draft_dir.mkdir(parents=True, exist_ok=True)
-    write_tiny_deepseek_v3(draft_dir, dspec, seed=seed + 100)
+    write_tiny_deepseek_v3(draft_dir, dspec, seed=seed + 100, dtype=dtype)
     write_kimi_tokenizer(draft_dir, n_ranks=n_ranks)
     write_rank_file(draft_dir / "tiktoken.model", ranks)
 

@@ -99,7 +99,7 @@ def test_run_all_costmodel_only(run_all, tmp_path, capsys):
     assert "costmodel-plan.png" in report
     assert str(ROOT) not in report and str(ROOT) not in json.dumps(res)
     out = capsys.readouterr().out
-    assert "[1/6] costmodel" in out and "skipped (why):" in out
+    assert "[1/7] costmodel" in out and "skipped (why):" in out
 
 
 def test_verify_ratios_pair_cases_with_the_reference():

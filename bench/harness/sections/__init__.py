@@ -18,6 +18,7 @@ from bench.harness.sections.base import Context, Outcome
 from bench.harness.sections.collectives import needs_collectives, run_collectives
 from bench.harness.sections.costmodel import needs_costmodel, run_costmodel
 from bench.harness.sections.e2e import needs_e2e, run_e2e
+from bench.harness.sections.engine import needs_engine, run_engine
 from bench.harness.sections.kernels import needs_kernels, run_kernels
 from bench.harness.sections.verify_cpu import needs_verify, run_verify
 
@@ -40,6 +41,8 @@ SECTIONS: tuple[SectionSpec, ...] = (
                 run_verify),
     SectionSpec("collectives", "Collectives per pass (gloo, TP=2)", "any machine",
                 needs_collectives, run_collectives),
+    SectionSpec("engine", "vLLM engine on this CPU (TP=2, Kimi-shaped target)", "any machine",
+                needs_engine, run_engine),
     SectionSpec("gpu-kernels", "GPU kernel benchmarks", "one GPU", needs_kernels, run_kernels),
     SectionSpec("allreduce", "All-reduce microbenchmark", "several GPUs", needs_allreduce,
                 run_allreduce),
