@@ -38,7 +38,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from bench.harness.generated_docs import GENERATORS as DOC_GENERATORS  # stdlib only
-from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
+from vllm_kimi_ext import envs, patchset, vllm_build  # noqa: E402  (stdlib-only modules)
 
 nox.options.sessions = ["lint", "test"]
 nox.options.default_venv_backend = "none"
@@ -167,7 +167,7 @@ def apply_patches(session: nox.Session) -> None:
     _ensure_env(session)
     cuda = _cuda_available()
     try:
-        build_env = patchset.build_env(cuda_available=cuda,
+        build_env = vllm_build.build_env(cuda_available=cuda,
                                        precompiled_wheel=args.precompiled_wheel)
     except patchset.PatchSetError as exc:
         session.error(str(exc))
@@ -175,7 +175,7 @@ def apply_patches(session: nox.Session) -> None:
     # GPU-less: the CPU build, which also keeps pip from resolving vLLM's CUDA
     # torch pin; CUDA: the release the precompiled kernels were built against.
     _pip(session, TORCH_CUDA_PIN if cuda else TORCH_PIN)
-    _pip(session, *patchset.BUILD_REQUIREMENTS)
+    _pip(session, *vllm_build.BUILD_REQUIREMENTS)
     if not _installed_from(tree):
         session.log(f"installing {tree} editable ({build_env['VLLM_TARGET_DEVICE']} build)")
         _pip(session, "--no-build-isolation", "-e", str(tree), env=build_env)
