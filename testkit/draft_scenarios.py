@@ -19,6 +19,7 @@ used only to count its forward pass.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Iterator
@@ -55,6 +56,29 @@ def has_vllm_symbol(module: str, symbol: str) -> bool:
 def has_unsharded_tp_group_patch() -> bool:
     """Patch 0006: the per-rank size-1 tensor-parallel group."""
     return has_vllm_symbol("vllm.distributed.parallel_state", "unsharded_tensor_parallel")
+
+
+@contextlib.contextmanager
+def speculator_config_warnings() -> Iterator[list[str]]:
+    """The warnings vLLM's speculator configuration logs inside the block (patch 0006
+    names there each ``draft_tensor_parallel_size`` it does not honor). vLLM's loggers
+    do not propagate to the root logger, so a handler is attached to that one."""
+    import logging
+
+    messages: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                messages.append(record.getMessage())
+
+    logger = logging.getLogger("vllm.v1.worker.gpu.spec_decode.speculator_config")
+    handler = _Keep()
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
 
 
 def has_unsharded_draft_patch() -> bool:
@@ -282,6 +306,8 @@ def _load_draft(case: DraftCase, cfg, target):
     def cpu_get_model(*, vllm_config, model_config=None, **_):
         model, report = load_model(vllm_config, model_config)
         reports.append(report)
+        # the parallel config the draft was built under (patch 0006: the draft's own)
+        model._built_under_tp = vllm_config.parallel_config.tensor_parallel_size
         return model
 
     # the speculator passes its draft_runs_unsharded decision (patch 0006)
@@ -367,6 +393,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
             "embed_weight_sum": float(
                 model.model.embed_tokens.weight.float()[: hf.vocab_size].sum()),
             "runs_unsharded": _runs_unsharded(cfg),
+            "built_under_tp": getattr(model, "_built_under_tp", None),
         }
     return out
 
