@@ -10,6 +10,9 @@ and not part of the installed package: import it from the repository root (pytes
 - :mod:`.verify_equivalence`, :mod:`.verify_simulate`, :mod:`.verify_dist_check`,
   :mod:`.verify_kernel_check`: the verifier's harness (certified token-for-token comparison,
   chi-square, a threaded TP group, a multi-process check, Triton vs torch kernels);
+- :mod:`.engine`, :mod:`.engine_ops`, :mod:`.engine_models`, :mod:`.engine_probes`: vLLM's
+  whole engine (``LLM.generate``) on CPU in child processes, the op stand-ins it needs, tiny
+  Llama targets and drafts, worker-side probes (the ``engine`` test tier);
 - :mod:`.upstream_deselect`: the pytest plugin of ``nox -s upstream-tests``;
 - :mod:`.interrupt`: a command stopped half-way through a write (SIGKILL / SIGTERM tests).
 """

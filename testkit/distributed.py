@@ -10,20 +10,15 @@ parent with that rank's traceback. ``fn`` must be importable (module level).
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from testkit.ports import free_port  # noqa: F401  (re-exported: callers import it here)
+
 
 class RankFailed(RuntimeError):
     """A tensor-parallel rank raised; the message carries its traceback."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(fn, rank, world, port, queue, args, kwargs, env) -> None:

@@ -224,7 +224,7 @@ def ensure_single_rank() -> None:
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    from testkit.distributed import free_port
+    from testkit.ports import free_port
 
     prepare_process()
     with cpu_config_without_triton_cpu():
