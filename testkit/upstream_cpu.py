@@ -1,13 +1,14 @@
-"""pytest plugin for `nox -s upstream-check`: let vLLM's tests build a ``VllmConfig`` on a
-GPU-less x86 machine without triton-cpu.
+"""pytest plugin for `nox -s upstream-check` and `nox -s upstream-tests`: let vLLM's tests
+build a ``VllmConfig`` on a GPU-less x86 machine without triton-cpu.
 
 vLLM's CPU platform refuses to configure on x86 without triton-cpu ("vLLM on x86 CPUs
 requires Triton (triton-cpu)."), so ``VllmConfig(...)`` raises here although nothing the
 series' tests run is a Triton kernel; on vLLM's CI (CUDA, or CPU with triton-cpu) the same
 tests need no help. This plugin wraps ``CpuPlatform.check_and_update_config`` so that only
-that one check sees Triton as present, the way :func:`testkit.vllm_cpu.cpu_config_without_triton_cpu`
-does for the plugin's own tests. It is loaded for the patched and the stock run alike, so
-it cannot make a test pass on one and fail on the other.
+that one check sees Triton as present, the way
+:func:`testkit.vllm_cpu.cpu_config_without_triton_cpu` does for the plugin's own tests. It
+is loaded for the patched and the stock run alike, so it cannot make a test pass on one
+and fail on the other.
 """
 
 from __future__ import annotations
