@@ -19,7 +19,6 @@ used only to count its forward pass.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Iterator
@@ -58,27 +57,16 @@ def has_unsharded_tp_group_patch() -> bool:
     return has_vllm_symbol("vllm.distributed.parallel_state", "unsharded_tensor_parallel")
 
 
-@contextlib.contextmanager
-def speculator_config_warnings() -> Iterator[list[str]]:
-    """The warnings vLLM's speculator configuration logs inside the block (patch 0006
-    names there each ``draft_tensor_parallel_size`` it does not honor). vLLM's loggers
-    do not propagate to the root logger, so a handler is attached to that one."""
-    import logging
+def unhonored_draft_tp_reason(cfg) -> str | None:
+    """Why patch 0006 does not honor ``draft_tensor_parallel_size=1`` for ``cfg`` (None: it
+    does), from the same decision the warning at configuration prints
+    (``unsharded_draft_refusal``); the warning text is checked by the patch's vLLM-tree
+    tests."""
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import unsharded_draft_refusal
 
-    messages: list[str] = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.WARNING:
-                messages.append(record.getMessage())
-
-    logger = logging.getLogger("vllm.v1.worker.gpu.spec_decode.speculator_config")
-    handler = _Keep()
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
+    spec = cfg.speculative_config
+    supported = getattr(type(spec.speculator_config), "supports_unsharded_draft", False)
+    return unsharded_draft_refusal(spec, supported)
 
 
 def has_unsharded_draft_patch() -> bool:
