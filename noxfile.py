@@ -38,7 +38,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from bench.harness.generated_docs import GENERATORS as DOC_GENERATORS  # stdlib only
-from vllm_kimi_ext import envs, patchset  # noqa: E402  (stdlib-only modules)
+from vllm_kimi_ext import envs, patchset, vllm_build  # noqa: E402  (stdlib-only modules)
 
 nox.options.sessions = ["lint", "test"]
 nox.options.default_venv_backend = "none"
@@ -167,7 +167,7 @@ def apply_patches(session: nox.Session) -> None:
     _ensure_env(session)
     cuda = _cuda_available()
     try:
-        build_env = patchset.build_env(cuda_available=cuda,
+        build_env = vllm_build.build_env(cuda_available=cuda,
                                        precompiled_wheel=args.precompiled_wheel)
     except patchset.PatchSetError as exc:
         session.error(str(exc))
@@ -175,7 +175,7 @@ def apply_patches(session: nox.Session) -> None:
     # GPU-less: the CPU build, which also keeps pip from resolving vLLM's CUDA
     # torch pin; CUDA: the release the precompiled kernels were built against.
     _pip(session, TORCH_CUDA_PIN if cuda else TORCH_PIN)
-    _pip(session, *patchset.BUILD_REQUIREMENTS)
+    _pip(session, *vllm_build.BUILD_REQUIREMENTS)
     if not _installed_from(tree):
         session.log(f"installing {tree} editable ({build_env['VLLM_TARGET_DEVICE']} build)")
         _pip(session, "--no-build-isolation", "-e", str(tree), env=build_env)
@@ -234,7 +234,8 @@ def upstream_tests(session: nox.Session) -> None:
     # on the path, so the tree's own `tests` package and the installed modules come first
     env["PYTHONPATH"] = os.pathsep.join([*filter(None, [env.get("PYTHONPATH")]), str(ROOT)])
     session.chdir(tree)
-    _pytest(session, "-p", "testkit.upstream_deselect",
+    # testkit.upstream_cpu: vLLM's CPU platform configures without triton-cpu (both trees)
+    _pytest(session, "-p", "testkit.upstream_deselect", "-p", "testkit.upstream_cpu",
             "--upstream-deselect-list", str(UPSTREAM_DESELECT_LIST),
             "tests/v1/spec_decode", "tests/v1/sample", "tests/samplers",
             "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--timeout", "300",
@@ -270,7 +271,13 @@ def upstream_check(session: nox.Session) -> None:
     """vLLM 0.34.0's own pre-commit hooks on the files the series changes (the tool
     versions its .pre-commit-config.yaml pins, in build/upstream-check-venv), then every
     test the series adds to vLLM's tree: each must pass on the patched tree and fail on
-    stock v0.34.0. Per-patch results: build/upstream-check.json."""
+    stock v0.34.0. Per-patch results: build/upstream-check.json. Takes no arguments."""
+    from testkit.upstream_check import UsageError, session_args, session_failure
+
+    try:
+        session_args(session.posargs)
+    except UsageError as exc:
+        session.error(f"upstream-check: {exc}")
     tree = _tree()
     if not tree.exists():
         session.error("no vLLM tree: run `nox -s apply-patches` first")
@@ -286,10 +293,8 @@ def upstream_check(session: nox.Session) -> None:
                             str(BUILD_DIR / "upstream-check.json")],
                            env={**env, **OFFLINE_ENV, "VLLM_TARGET_DEVICE": "cpu"}).returncode
     session.log(f"upstream-check: hooks {t_hooks:.0f} s, total {time.time() - t0:.0f} s")
-    if hooks or tests:
-        session.error("upstream-check: " + "; ".join(
-            what for what, rc in (("a hook failed", hooks), ("a per-patch test check failed",
-                                                              tests)) if rc))
+    if (failure := session_failure(hooks, tests)) is not None:
+        session.error(failure)
 
 
 @nox.session(default=False)

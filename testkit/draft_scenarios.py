@@ -57,6 +57,18 @@ def has_unsharded_tp_group_patch() -> bool:
     return has_vllm_symbol("vllm.distributed.parallel_state", "unsharded_tensor_parallel")
 
 
+def unhonored_draft_tp_reason(cfg) -> str | None:
+    """Why patch 0006 does not honor ``draft_tensor_parallel_size=1`` for ``cfg`` (None: it
+    does), from the same decision the warning at configuration prints
+    (``unsharded_draft_refusal``); the warning text is checked by the patch's vLLM-tree
+    tests."""
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import unsharded_draft_refusal
+
+    spec = cfg.speculative_config
+    supported = getattr(type(spec.speculator_config), "supports_unsharded_draft", False)
+    return unsharded_draft_refusal(spec, supported)
+
+
 def has_unsharded_draft_patch() -> bool:
     """Patch 0006: EAGLE/EAGLE-3/MTP drafts built un-sharded at draft TP 1."""
     return has_vllm_symbol(UNSHARDED_DRAFT_MODULE, "draft_tp_context")
@@ -282,6 +294,8 @@ def _load_draft(case: DraftCase, cfg, target):
     def cpu_get_model(*, vllm_config, model_config=None, **_):
         model, report = load_model(vllm_config, model_config)
         reports.append(report)
+        # the parallel config the draft was built under (patch 0006: the draft's own)
+        model._built_under_tp = vllm_config.parallel_config.tensor_parallel_size
         return model
 
     # the speculator passes its draft_runs_unsharded decision (patch 0006)
@@ -367,6 +381,7 @@ def draft_collectives(rank: int, target_dir: str, cases: list[DraftCase]) -> dic
             "embed_weight_sum": float(
                 model.model.embed_tokens.weight.float()[: hf.vocab_size].sum()),
             "runs_unsharded": _runs_unsharded(cfg),
+            "built_under_tp": getattr(model, "_built_under_tp", None),
         }
     return out
 

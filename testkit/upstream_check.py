@@ -70,6 +70,24 @@ class UsageError(Exception):
     """Bad arguments or an unreadable tree (exit 2)."""
 
 
+def session_args(posargs: list[str]) -> None:
+    """``nox -s upstream-check -- ARGS``: the session takes no arguments; refuse any
+    (an empty one named as such) before anything is installed or run."""
+    for arg in posargs:
+        kind = "empty argument" if not arg.strip() else "unknown argument"
+        raise UsageError(f"{kind} {arg!r}: the session takes no arguments "
+                         "(it checks the series of the tree apply-patches prepared)")
+
+
+def session_failure(hooks_rc: int, tests_rc: int) -> str | None:
+    """What fails the session, from the two steps' exit codes (None: it passes). A
+    per-patch finding (exit 1 of ``tests``: a new test that passes on stock or fails
+    patched) fails it as much as a hook does."""
+    why = [what for what, rc in (("a hook failed", hooks_rc),
+                                 ("a per-patch test check failed", tests_rc)) if rc]
+    return "upstream-check: " + "; ".join(why) if why else None
+
+
 def _git(tree: Path, *args: str) -> str:
     proc = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
     if proc.returncode:

@@ -1,5 +1,5 @@
-"""pytest plugin for `nox -s upstream-check`: let vLLM's tests build a ``VllmConfig`` on a
-GPU-less x86 machine without triton-cpu.
+"""pytest plugin for `nox -s upstream-check` and `nox -s upstream-tests`: let vLLM's tests
+build a ``VllmConfig`` on a GPU-less x86 machine without triton-cpu.
 
 vLLM's CPU platform refuses to configure on x86 without triton-cpu ("vLLM on x86 CPUs
 requires Triton (triton-cpu)."), so ``VllmConfig(...)`` raises here although nothing the

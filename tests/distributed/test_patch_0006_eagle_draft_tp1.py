@@ -2,9 +2,10 @@
 at TP=2 over gloo with vLLM's real EAGLE-3 classes and its real
 ``load_eagle_model``:
 
-* the TP=1 draft is un-sharded (parameter shapes equal the checkpoint's full
-  shapes), its draft phase makes zero collectives, and it drafts the same
-  tokens as the sharded draft on every rank;
+* the TP=1 draft is built under the draft's parallel config (tensor parallel size 1)
+  and is un-sharded (parameter shapes equal the checkpoint's full shapes), its draft
+  phase makes zero collectives, and it drafts the same tokens as the sharded draft on
+  every rank;
 * a head without its own embedding gets a full replica of the target's
   (gathered from the target's shards at load time);
 * the plugin's opt-in agreement check raises when ranks' draft tokens differ.
@@ -42,6 +43,8 @@ def test_tp1_draft_is_whole_and_silent(draft_tp_results, eagle3_heads, style):
     for rank_res in draft_tp_results:
         res = rank_res[f"{style}-tp1"]
         assert res["runs_unsharded"]
+        # built under the draft's own parallel config, as the standalone draft path does
+        assert res["built_under_tp"] == 1
         assert res["unwritten"] == []
         got = summarize(res["summary"])
         assert got == {**expected_draft_pass(num_layers=1, hidden=64, draft_vocab=1280, tp=2,
@@ -55,6 +58,7 @@ def test_tp1_draft_is_whole_and_silent(draft_tp_results, eagle3_heads, style):
 
 def test_sharded_draft_shapes_differ(draft_tp_results, eagle3_heads):
     full = full_shapes(eagle3_heads["llama"][1], "llama")
+    assert draft_tp_results[0]["llama"]["built_under_tp"] == 2
     shapes = draft_tp_results[0]["llama"]["shapes"]
     assert shapes["model.layers.0.self_attn.o_proj.weight"] != \
         full["model.layers.0.self_attn.o_proj.weight"]

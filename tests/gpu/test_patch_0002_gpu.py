@@ -171,6 +171,16 @@ def compile_class(tree: Path, key: str, name: str, bases: dict[str, type],
     return ns[name]
 
 
+def compile_function(tree: Path, key: str, name: str, ns: dict) -> object:
+    """vLLM's module-level function ``name`` from the source (line numbers kept)."""
+    fns = [_strip_annotations(n) for n in ast.parse((tree / SOURCES[key]).read_text()).body
+           if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert len(fns) == 1, f"{SOURCES[key]}: function {name} not found"
+    mod = ast.fix_missing_locations(ast.Module(body=fns, type_ignores=[]))
+    exec(compile(mod, str(tree / SOURCES[key]), "exec"), ns)  # noqa: S102 - vLLM's source
+    return ns[name]
+
+
 def vocab_functions(tree: Path) -> dict:
     """vLLM's ``pad_vocab_size`` and ``vocab_range_from_global_vocab_size``."""
     src = (tree / SOURCES["vocab"]).read_text()
@@ -199,9 +209,13 @@ class Vllm:
         mixin = compile_class(tree, "interfaces", "LocalArgmaxMixin", {}, default_base=object)
         self.DeepseekV2 = compile_class(tree, "deepseek_v2", "DeepseekV2ForCausalLM", {},
                                         default_base=nn.Module)
+        # the EAGLE-3 heads' shared guard (patch 0002), called by name from the head
+        refuse = compile_function(tree, "interfaces", "refuse_local_logits_with_draft_vocab",
+                                  {"nn": nn})
         self.Eagle3 = compile_class(tree, "deepseek_eagle3", "Eagle3DeepseekV2ForCausalLM",
                                     {"LocalArgmaxMixin": mixin,
-                                     "DeepseekV2ForCausalLM": self.DeepseekV2})
+                                     "DeepseekV2ForCausalLM": self.DeepseekV2,
+                                     "refuse_local_logits_with_draft_vocab": refuse})
         self.KimiK25 = compile_class(tree, "kimi_k25", "KimiK25ForConditionalGeneration", {},
                                      default_base=nn.Module)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kimi_ext import compat, envs, patchset
+from vllm_kimi_ext import compat, envs, patchset, vllm_build
 from vllm_kimi_ext.patchset import PatchSetError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,20 +180,20 @@ def test_series_errors_are_specific(tmp_path):
 
 
 def test_build_env_selection():
-    cpu = patchset.build_env(cuda_available=False, base={"VLLM_USE_PRECOMPILED": "1"})
+    cpu = vllm_build.build_env(cuda_available=False, base={"VLLM_USE_PRECOMPILED": "1"})
     assert cpu["VLLM_TARGET_DEVICE"] == "empty"
     assert "VLLM_USE_PRECOMPILED" not in cpu
     assert cpu["SETUPTOOLS_SCM_PRETEND_VERSION"] == "0.34.0"
     assert cpu["VLLM_SKIP_VERSION_SUFFIX"] == "1"
-    gpu = patchset.build_env(cuda_available=True,
+    gpu = vllm_build.build_env(cuda_available=True,
                              precompiled_wheel="/w/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
     assert gpu["VLLM_TARGET_DEVICE"] == "cuda"
     assert gpu["VLLM_USE_PRECOMPILED"] == "1"
     assert gpu["VLLM_PRECOMPILED_WHEEL_LOCATION"].endswith("x86_64.whl")
     with pytest.raises(PatchSetError, match="needs the vLLM 0.34.0 binary wheel"):
-        patchset.build_env(cuda_available=True)
+        vllm_build.build_env(cuda_available=True)
     with pytest.raises(PatchSetError, match="expected a vllm-0.34.0"):
-        patchset.build_env(cuda_available=True, precompiled_wheel="vllm-0.33.0-cp38.whl")
+        vllm_build.build_env(cuda_available=True, precompiled_wheel="vllm-0.33.0-cp38.whl")
 
 
 def test_sdist_tree_is_created_atomically(tmp_path):

@@ -3,6 +3,9 @@ files each hook gets, which vLLM tests each patch adds, junit outcomes, and its 
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -182,3 +185,82 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, argv, message):
     assert uc.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("upstream-check: ") and err.count("\n") == 1
+
+
+# `nox -s upstream-check -- ARGS`: the session takes none; each is refused in one line.
+@pytest.mark.parametrize(("posargs", "message"), [
+    (["--author", ""], "unknown argument '--author'"),
+    ([""], "empty argument ''"),
+    (["  "], "empty argument '  '"),
+    (["--stock"], "unknown argument '--stock'"),
+    (["tests/v1"], "unknown argument 'tests/v1'"),
+])
+def test_session_arguments_are_refused_in_one_line(posargs, message):
+    with pytest.raises(uc.UsageError) as err:
+        uc.session_args(posargs)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert "takes no arguments" in str(err.value)
+
+
+def test_no_session_arguments_is_accepted():
+    uc.session_args([])
+
+
+def test_session_refuses_arguments_before_any_work(tmp_path):
+    """Through nox itself: the refusal comes before the check's environment is made."""
+    nox = shutil.which("nox")
+    if nox is None:
+        pytest.skip("nox is not on PATH")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [nox, "-f", str(root / "noxfile.py"), "-s", "upstream-check",
+         "--", "--author", ""], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "VLLM_KIMI_EXT_ENV": str(tmp_path / "no-env")})
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "upstream-check: " in line]
+    assert len(lines) == 1 and "unknown argument '--author'" in lines[0]
+    assert "creating project environment" not in proc.stderr
+    assert not (tmp_path / "no-env").exists()
+
+
+@pytest.mark.parametrize(("hooks", "tests", "failure"), [
+    (0, 0, None),
+    (1, 0, "upstream-check: a hook failed"),
+    (0, 1, "upstream-check: a per-patch test check failed"),
+    (1, 1, "upstream-check: a hook failed; a per-patch test check failed"),
+])
+def test_session_fails_on_either_step(hooks, tests, failure):
+    assert uc.session_failure(hooks, tests) == failure
+
+
+def _junit(path: Path, outcomes: dict[str, str]) -> None:
+    cases = "".join(
+        f'<testcase file="{node.split("::")[0]}" name="{node.split("::")[1]}">'
+        + ("<failure message=\"AssertionError: stock\"/>" if o == "failed" else "")
+        + "</testcase>" for node, o in outcomes.items())
+    path.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+
+
+@pytest.mark.parametrize(("stock", "rc", "ok"), [
+    ({"tests/a.py::test_a": "failed", "tests/b.py::test_b": "failed"}, 0, [True, True]),
+    # patch 0002's only test passes on stock: the whole check fails
+    ({"tests/a.py::test_a": "failed", "tests/b.py::test_b": "passed"}, 1, [True, False]),
+])
+def test_run_tests_exit_code_follows_each_patch(tmp_path, monkeypatch, capsys, stock, rc,
+                                                 ok):
+    """run_tests end to end (pytest, git and the stock worktree replaced by their results):
+    its exit code and report follow every patch's verdict."""
+    patches = [uc.PatchTests("0001", "[A] a", ["tests/a.py"], [], ["tests/a.py"]),
+               uc.PatchTests("0002", "[B] b", ["tests/b.py"], [], ["tests/b.py"])]
+    patched = dict.fromkeys(stock, "passed")
+    monkeypatch.setattr(uc, "patch_tests", lambda tree: patches)
+    monkeypatch.setattr(uc, "_git", lambda tree, *args: "")
+    monkeypatch.setattr(uc, "_git_bytes", lambda tree, spec: b"")
+    monkeypatch.setattr(uc, "_pytest", lambda tree, nodes, junit, extra: _junit(
+        junit, stock if tree.name == "stock" else patched) or 0)
+    report = tmp_path / "report.json"
+    assert uc.run_tests(tmp_path / "tree", report) == rc
+    rows = json.loads(report.read_text())
+    assert [r["ok"] for r in rows] == ok
+    out = capsys.readouterr().out
+    assert ("FINDING no test fails on stock v0.34.0" in out) is (rc == 1)
