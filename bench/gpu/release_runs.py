@@ -290,7 +290,7 @@ def install(args) -> int:
         raise UsageError(f"{src}: not valid JSON ({e})") from None
     schema = _load(ROOT / "bench" / "kernels" / "_verify_graph_schema.py", "_release_schema")
     bvg = _load(ROOT / "bench" / "kernels" / "bench_verify_graph.py", "_release_bvg")
-    from vllm_kimi_ext.costmodel.verify_cost import VerifyReportError, parse_report
+    from vllm_kimi_ext.costmodel.verify_measured import VerifyReportError, parse_report
 
     findings = list(schema.problems(doc))
     if isinstance(doc, dict) and doc.get("dry_run"):

@@ -28,6 +28,9 @@ NOT_USER_INPUT = {
         "private; read_json_object turns it into a TokenizerInputError",
     "bench/harness/schema.py:SchemaError":
         "raised by schema.check (tests); readers call schema.validate and raise UsageError",
+    "vllm_kimi_ext/integration/verifier_choice.py:HandoverDataError":
+        "a shipped package-data file is broken (a packaging bug); serving logs it and hands "
+        "every step over, no command exits on it",
 }
 #: Every error a command turns into exit 2, by import path.
 USER_INPUT_ERRORS = [

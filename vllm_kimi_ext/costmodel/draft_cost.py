@@ -198,7 +198,7 @@ def step_terms(cm: Any, draft: DraftProfile, k: int, batch: int, context: int,
                                        "allgather", 1, per_rank * tp, "nccl",
                                        per_rank_bytes=per_rank))
     if tp == 1 and cm.tp > 1:
-        # draft TP 1 (patches 0006/0007): each rank drafts with its own whole copy, then all
+        # draft TP 1 (slugs eagle-draft-tp1, draft-model-tp1): each rank drafts with its own whole copy, then all
         # adopt rank 0's draft tokens, one broadcast of [batch, k] int64 ids per step
         # (spec_decode/unsharded_draft.py agree_on_draft_tokens); counted in vLLM's engine
         # by tests/engine/test_llama_tp2.py. Priced as a tiny all-gather (NCCL).
