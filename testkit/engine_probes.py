@@ -65,13 +65,19 @@ def reset_collectives(worker: Any) -> None:
 
 
 def sharded_verify_counters(worker: Any) -> dict:
-    from vllm_kimi_ext.integration import sharded_verify
+    """The counters of the runner's one ``ShardedSampler`` (the plugin's only attribute on
+    vLLM's runner; absent until the first sharded step or warm-up)."""
+    from vllm_kimi_ext.integration.sharded_verify.sampler import ShardedSampler
 
-    return {"rank": rank_of(worker), "steps": sharded_verify._state["steps"],
-            "handed": sharded_verify._state["handed"],
-            "fallbacks": dict(sharded_verify.FALLBACKS.as_dict()),
-            "graphs": sharded_verify.graph_counts(_runner(worker)),
-            "device": sharded_verify.device_counts()}
+    sampler = _runner(worker).__dict__.get(ShardedSampler.ATTR)
+    if sampler is None:
+        return {"rank": rank_of(worker), "steps": 0, "handed": 0, "fallbacks": {},
+                "graphs": {"replayed": 0}, "device": {"escalated_rows": 0,
+                                                      "deferred_requests": 0}}
+    t = sampler.telemetry
+    return {"rank": rank_of(worker), "steps": t.steps, "handed": t.handed,
+            "fallbacks": dict(t.fallbacks.as_dict()), "graphs": sampler.graph_counts(),
+            "device": t.device_counts()}
 
 
 _SAVED = "_kimi_testkit_saved_draft"

@@ -440,7 +440,7 @@ TRAIN_CASES: list[Case] = [
     *_numbers("train", TRAIN, [
         ("--epochs", "0", "expected a finite number > 0"), ("--epochs", "-1", "> 0"),
         ("--epochs", "nan", "finite"), ("--epochs", "inf", "finite"),
-        ("--max-steps", "-1", "expected an integer >= 0"),
+        ("--max-steps", "-1", "expected an integer in [0, 1000000000]"),
         ("--max-steps", "0", "no --init is given"),
         ("--lr", "0", "in (0, 1]"), ("--lr", "-0.001", "in (0, 1]"), ("--lr", "nan", "finite"),
         ("--lr", "5", "in (0, 1]"), ("--max-len", "0", ">= 2"), ("--max-len", "4", "+ 2 = 5"),
