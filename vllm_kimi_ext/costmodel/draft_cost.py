@@ -198,9 +198,10 @@ def step_terms(cm: Any, draft: DraftProfile, k: int, batch: int, context: int,
                                        "allgather", 1, per_rank * tp, "nccl",
                                        per_rank_bytes=per_rank))
     if tp == 1 and cm.tp > 1:
-        # draft TP 1 (slugs eagle-draft-tp1, draft-model-tp1): each rank drafts with its own whole copy, then all
-        # adopt rank 0's draft tokens, one broadcast of [batch, k] int64 ids per step
-        # (spec_decode/unsharded_draft.py agree_on_draft_tokens); counted in vLLM's engine
+        # draft TP 1 (slugs eagle-draft-tp1, draft-model-tp1): each rank drafts with its
+        # own whole copy, then all adopt rank 0's draft tokens, one broadcast of
+        # [batch, k] int64 ids per step (spec_decode/unsharded_draft.py
+        # agree_on_draft_tokens); counted in vLLM's engine
         # by tests/engine/test_llama_tp2.py. Priced as a tiny all-gather (NCCL).
         nbytes = batch * k * DRAFT_TOKEN_ID_BYTES
         terms.append(cm.collective("draft", "rank 0's draft tokens broadcast (draft TP 1)",
