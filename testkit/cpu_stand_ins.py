@@ -69,7 +69,8 @@ def stand_in_cpu_fused_moe(
     out.copy_(acc.to(out.dtype))
 
 
-def _has_op(name: str) -> bool:
+def has_c_op(name: str) -> bool:
+    """Whether ``torch.ops._C`` has ``name`` (compiled, or a stand-in already registered)."""
     try:
         getattr(torch.ops._C, name)
         return True
@@ -81,8 +82,8 @@ def install() -> list[str]:
     """Register missing stand-ins; returns the names registered (idempotent)."""
     global _LIB
     registered: list[str] = []
-    missing_prepack = not _has_op("prepack_moe_weight")
-    missing_moe = not _has_op("cpu_fused_moe")
+    missing_prepack = not has_c_op("prepack_moe_weight")
+    missing_moe = not has_c_op("cpu_fused_moe")
     if not (missing_prepack or missing_moe):
         return registered
     if _LIB is None:

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import torch
 
+from testkit.cpu_stand_ins import has_c_op
+
 #: The only shape the compiled kernel instantiates (``csrc/cpu/mla_decode.cpp:382``).
 KERNEL_HEAD_DIM, KERNEL_V_HEAD_DIM, KERNEL_BLOCK_SIZE = 576, 512, 16
 SCHEMA = ("mla_decode_kvcache(Tensor! out, Tensor query, Tensor kv_cache, float scale, "
@@ -73,18 +75,10 @@ def stand_in_mla_decode_kvcache(out: torch.Tensor, query: torch.Tensor,
         out[s] = (probs @ rows[:, :v_dim]).to(out.dtype)
 
 
-def _has_op(name: str) -> bool:
-    try:
-        getattr(torch.ops._C, name)
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def install() -> list[str]:
     """Register the stand-in when the real op is absent (idempotent); returns the names
     registered now."""
-    if _has_op("mla_decode_kvcache"):
+    if has_c_op("mla_decode_kvcache"):
         return []
     lib = torch.library.Library("_C", "FRAGMENT")
     lib.define(SCHEMA)

@@ -57,6 +57,8 @@ import os
 
 import torch
 
+from testkit.cpu_stand_ins import has_c_op
+
 _STATE: dict[str, object] = {}
 
 
@@ -155,16 +157,8 @@ def install_cpu_attn() -> list[str]:
 # ---- _C::init_cpu_memory_env -----------------------------------------------------------
 
 
-def _has_c_op(name: str) -> bool:
-    try:
-        getattr(torch.ops._C, name)
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def install_init_cpu_memory_env() -> list[str]:
-    if _has_c_op("init_cpu_memory_env"):
+    if has_c_op("init_cpu_memory_env"):
         return []
     lib = torch.library.Library("_C", "FRAGMENT")
     lib.define("init_cpu_memory_env(int[] node_ids) -> ()")
