@@ -21,5 +21,6 @@ def test_fit_reproduces_published_tau_and_counts():
     a = pt.rate_from_tau(3.20, 3)
     assert abs(tau_from_constant_rate(a, 3) - 3.20) < 1e-9
     assert pt.per_step(0) == 124 and pt.per_step(4 * 3) == 136
-    # GSM8K, k=3, stock sharded draft: (123 + 12 + 1) / 3.20
-    assert "| 3 | 3.20 | 42.5 | 41.6 | 38.8 |" in DOC.read_text()
+    # GSM8K, k=3: stock sharded draft (123 + 12 + 1) / 3.20, replicated embedding
+    # (123 + 9 + 1) / 3.20, draft TP 1 (123 + 1 broadcast + 1) / 3.20
+    assert "| 3 | 3.20 | 42.5 | 41.6 | 39.1 |" in DOC.read_text()

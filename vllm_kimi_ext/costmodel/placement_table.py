@@ -14,9 +14,11 @@ Per speculative step with ``k`` draft tokens the ranks make
   verification (still 1 collective, far fewer bytes);
 * **drafting**: per draft token, 4 for a stock sharded one-layer EAGLE-3 head
   (embedding all-reduce, ``o_proj`` all-reduce, MLP all-reduce, logits
-  all-gather), 3 with a replicated draft embedding, 0 with
-  ``draft_tensor_parallel_size: 1``; a DFlash drafter makes ``2L + 2`` per step
-  (one pass for the whole block) sharded, 0 at draft TP 1.
+  all-gather), 3 with a replicated draft embedding; with
+  ``draft_tensor_parallel_size: 1`` none per draft token but one per step, the broadcast
+  of rank 0's ``[batch, k]`` draft tokens every rank adopts (counted in vLLM's engine at
+  TP 2: ``tests/engine/test_llama_tp2.py``); a DFlash drafter makes ``2L + 2`` per
+  step (one pass for the whole block) sharded, the same one broadcast at draft TP 1.
 
 Each step emits ``tau(k)`` tokens on average (extended from the drafts'
 published acceptance lengths in their profiles), so collectives per output token
@@ -24,7 +26,7 @@ published acceptance lengths in their profiles), so collectives per output token
 ``tests/distributed/test_draft_collectives.py``, ``test_draft_tp_unsharded.py``,
 ``test_tli_collectives.py`` and ``test_draft_model_unsharded.py`` count on vLLM's
 real classes; a standalone draft model makes ``2L + 2`` per draft token sharded,
-0 at draft TP 1.
+the one per-step broadcast at draft TP 1.
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ DATASET_TITLES = {"mt-bench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanE
 K_RANGE = range(1, 8)
 
 PLACEMENTS = (
-    # key, header, collectives per draft token (EAGLE-3), verification note
-    ("stock", "EAGLE-3 stock (4/draft token)", 4),
-    ("repl_embed", "EAGLE-3 replicated embedding (3/draft token)", 3),
-    ("tp1", "EAGLE-3 draft TP=1 (0/draft token)", 0),
+    # key, header, collectives per draft token (EAGLE-3), collectives per step
+    ("stock", "EAGLE-3 stock (4/draft token)", 4, 0),
+    ("repl_embed", "EAGLE-3 replicated embedding (3/draft token)", 3, 0),
+    ("tp1", "EAGLE-3 draft TP=1 (1/step: rank 0's tokens broadcast)", 0, 1),
 )
+
+#: collectives per step at draft TP 1: rank 0's ``[batch, k]`` draft tokens broadcast
+TP1_BROADCASTS = 1
 
 
 def target_all_reduces() -> int:
@@ -76,18 +81,20 @@ def table(dataset: str) -> list[str]:
     L = dflash_layers()
     dflash_tau = dflash.lengths.get(dataset)
     d = rate_from_tau(dflash_tau, dflash.k) if dflash_tau else None
-    head = ["k", "τ EAGLE-3", *[h for _, h, _ in PLACEMENTS],
-            "τ DFlash", f"DFlash sharded ({2 * L + 2}/step)", "DFlash TP=1 (0/step)"]
+    head = ["k", "τ EAGLE-3", *[h for _, h, _, _ in PLACEMENTS],
+            "τ DFlash", f"DFlash sharded ({2 * L + 2}/step)",
+            f"DFlash TP=1 ({TP1_BROADCASTS}/step)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in K_RANGE:
         tau = tau_from_constant_rate(a, k)
         cells = [str(k), f"{tau:.2f}"]
-        cells += [f"{per_step(n * k) / tau:.1f}" for _, _, n in PLACEMENTS]
+        cells += [f"{per_step(n * k + s) / tau:.1f}" for _, _, n, s in PLACEMENTS]
         if d is None:
             cells += ["—", "—", "—"]
         else:
             dt = tau_from_constant_rate(d, k)
-            cells += [f"{dt:.2f}", f"{per_step(2 * L + 2) / dt:.1f}", f"{per_step(0) / dt:.1f}"]
+            cells += [f"{dt:.2f}", f"{per_step(2 * L + 2) / dt:.1f}",
+                      f"{per_step(TP1_BROADCASTS) / dt:.1f}"]
         rows.append("| " + " | ".join(cells) + " |")
     note = (f"Per-position acceptance: constant conditional rate a = {a:.3f} fitted to "
             f"τ({eagle3.k}) = {eagle3.lengths[dataset]}")
@@ -119,14 +126,17 @@ def render() -> str:
         "* EAGLE-3 drafting (k draft tokens, one forward each): 4·k collectives for the "
         "stock sharded one-layer head (embedding AR, o_proj AR, MLP AR, logits gather), "
         "3·k with `VLLM_KIMI_EXT_REPLICATE_DRAFT_EMBEDDING=1`, "
-        "0 with `draft_tensor_parallel_size: 1`.",
+        f"{TP1_BROADCASTS} per step with `draft_tensor_parallel_size: 1` (no collective per "
+        "draft token; the ranks adopt rank 0's `[batch, k]` draft tokens through one broadcast, "
+        "counted in vLLM's engine at TP 2 by `tests/engine/test_llama_tp2.py`).",
         f"* DFlash drafting: one pass per step; 2L + 2 = {2 * L + 2} collectives sharded "
-        f"(L = {L} layers, as assumed in the cost model's zlab-dflash profile), 0 when "
-        "run un-sharded (not yet wired for DFlash in vLLM; shown for comparison).",
+        f"(L = {L} layers, as assumed in the cost model's zlab-dflash profile), the same "
+        f"{TP1_BROADCASTS} broadcast per step when run un-sharded (not wired for DFlash in "
+        "vLLM 0.34.0 or this project; shown for comparison).",
         "* Standalone draft models (`draft_model`, and `kimi_tli` for a draft with "
         "another tokenizer): an L-layer draft makes 2L + 2 collectives per draft token "
         "sharded like the target (e.g. a 28-layer Qwen3-0.6B-sized draft: 58, k·58 per "
-        "step), 0 with `draft_tensor_parallel_size: 1` (dense drafts, "
+        "step), the one per-step broadcast with `draft_tensor_parallel_size: 1` (dense drafts, "
         f"{ref(*DRAFT_MODEL_TP1)}). No "
         "acceptance length is published for any Kimi-K2.5 draft model, so they have no "
         "column; `kimi_tli`'s id maps add no collective.",
