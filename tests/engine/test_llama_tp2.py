@@ -48,8 +48,9 @@ def tp2_spec(llama, kind: str, draft_tp1: bool = False, **env) -> EngineSpec:
                       speculative_config=speculative(llama, kind, **extra))
 
 
-#: in the CPU tier; the others are the same path with another draft class (slow tier)
-FAST = ("eagle3", "eagle3-draft-tp1")
+#: in the CPU tier; the others are the same path with another draft class (slow tier). The
+#: draft-TP-1 count is in the CPU tier through test_draft_tp1_ranks.py (a self-draft).
+FAST = ("eagle3",)
 
 
 @pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow)
