@@ -265,11 +265,8 @@ class HistPlan(StepPlan):
     """A :class:`StepPlan` whose escalation is the histogram rounds, with
     ``row_fallback_slots`` whole-row slots for the rows they cannot cut exactly."""
 
+    escalation: str = "hist"
     row_fallback_slots: int = DEFAULT_ROW_FALLBACK_SLOTS
-
-    @property
-    def escalation(self) -> str:
-        return "hist"
 
     @property
     def rounds(self) -> tuple[Round, ...]:
@@ -298,7 +295,8 @@ def hist_plan(plan: StepPlan, row_fallback_slots: int | None = None) -> StepPlan
     if plan.logits_bytes != 2 or plan.probabilistic:
         raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
     fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
-    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(StepPlan)}
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(StepPlan)
+              if f.name not in ("escalation", "row_fallback_slots", "folded_candidates")}
     return HistPlan(**fields, row_fallback_slots=max(0, min(fb, plan.escalation_slots)))
 
 
