@@ -47,6 +47,7 @@ import dataclasses
 
 import torch
 
+from vllm_kimi_ext.verify.escalate_folded import HALF_DTYPES, key_values, ordered_key16
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
 from vllm_kimi_ext.verify.kernels import merge_argmax, shard_local_stats
 from vllm_kimi_ext.verify.protocol import FLOAT_BYTES, Round, StepPlan
@@ -74,20 +75,6 @@ DEFAULT_ROW_FALLBACK_SLOTS = 1
 #: below which a row takes a whole-row slot (float64 sums of <= 2**24 terms stay far
 #: within it; the reference's own rounding flips are certified at the same 1e-9).
 EDGE_TOL = 1e-9
-HALF_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def ordered_key16(z: torch.Tensor) -> torch.Tensor:
-    """int64 ordered key in ``[0, 65536)`` of 16-bit float ``z`` (``-0.0`` keyed as ``+0.0``)."""
-    b = z.view(torch.int16).to(torch.int64)
-    b = torch.where(b == -32768, torch.zeros_like(b), b)
-    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
-
-
-def key_values(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The 16-bit float values (``dtype``) of ordered keys (inverse of :func:`ordered_key16`)."""
-    o = key - 32768
-    return (o ^ ((o >> 15) & 0x7FFF)).to(torch.int16).view(dtype)
 
 
 def _walk(mass_desc: torch.Tensor, start: torch.Tensor, target: torch.Tensor):
@@ -278,11 +265,8 @@ class HistPlan(StepPlan):
     """A :class:`StepPlan` whose escalation is the histogram rounds, with
     ``row_fallback_slots`` whole-row slots for the rows they cannot cut exactly."""
 
+    escalation: str = "hist"
     row_fallback_slots: int = DEFAULT_ROW_FALLBACK_SLOTS
-
-    @property
-    def escalation(self) -> str:
-        return "hist"
 
     @property
     def rounds(self) -> tuple[Round, ...]:
@@ -311,7 +295,8 @@ def hist_plan(plan: StepPlan, row_fallback_slots: int | None = None) -> StepPlan
     if plan.logits_bytes != 2 or plan.probabilistic:
         raise ValueError("the histogram escalation needs 16-bit logits and one-hot drafts")
     fb = DEFAULT_ROW_FALLBACK_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
-    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(StepPlan)}
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(StepPlan)
+              if f.name not in ("escalation", "row_fallback_slots", "folded_candidates")}
     return HistPlan(**fields, row_fallback_slots=max(0, min(fb, plan.escalation_slots)))
 
 

@@ -104,18 +104,24 @@ def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size:
                     probabilistic: bool = False, candidates: int | None = None,
                     escalation_slots: int | None = None, logits_bytes: int = 2,
                     escalation: str | None = None,
-                    row_fallback_slots: int | None = None) -> StepPlan:
+                    row_fallback_slots: int | None = None,
+                    folded_candidates: int | None = None) -> StepPlan:
     """:func:`~vllm_kimi_ext.verify.protocol.plan_step` from a layout's tensors (host
     reads: tests and benchmarks only). ``escalation="hist"``: the test kit's histogram
-    escalation (:func:`testkit.verify_hist_step.hist_plan`) with ``row_fallback_slots``."""
+    escalation (:func:`testkit.verify_hist_step.hist_plan`) with ``row_fallback_slots``;
+    ``escalation="folded"``: the package's folded escalation (``row_fallback_slots``,
+    ``folded_candidates``)."""
     r = L.req_of_row
     k = L.effective_top_k(vocab_size)[r]
     mp = L.effective_min_p()[r]
     tp = L.effective_top_p()[r]
     sampling = L.temperature > 0
     cut = sampling & ((k > 0) | (mp > 0) | (tp < 1))
-    if escalation not in (None, "rows", "hist"):
-        raise ValueError(f"escalation must be 'rows' or 'hist', got {escalation!r}")
+    if escalation not in (None, "rows", "hist", "folded"):
+        raise ValueError(f"escalation must be 'rows', 'hist' or 'folded', got {escalation!r}")
+    fold = ({} if escalation != "folded" else
+            dict(escalation="folded", row_fallback_slots=row_fallback_slots,
+                 folded_candidates=folded_candidates))
     plan = plan_step(
         tp_size=tp_size, shard_width=shard_width, num_rows=L.num_rows, num_reqs=L.num_reqs,
         max_rows_per_req=L.max_rows_per_req,
@@ -123,7 +129,8 @@ def plan_for_layout(L: RowLayout, *, tp_size: int, shard_width: int, vocab_size:
         any_cut=bool(cut.any()), max_top_k=int(k.max()) if L.num_rows else 0,
         may_escalate=bool((cut & (k == 0) & ((tp < 1) | (mp > 0))).any()),
         probabilistic=probabilistic, any_uncut_sampling=bool((sampling & ~cut).any()),
-        candidates=candidates, escalation_slots=escalation_slots, logits_bytes=logits_bytes)
+        candidates=candidates, escalation_slots=escalation_slots, logits_bytes=logits_bytes,
+        **fold)
     if escalation == "hist":
         from testkit.verify_hist_step import hist_plan
 

@@ -1,29 +1,37 @@
 #!/usr/bin/env python3
 """The release's GPU runs on one GPU, module- and kernel-level (vLLM's engine is not run):
-``tests/gpu`` (all of it: the verify kernels, the serving-safety replay on real CUDA graphs,
-patch 0002's ``compute_logits_local``, kimi_tli through vLLM's kernels) and the verify-step
-benchmark (``bench/kernels/bench_verify_graph.py``: ours, vLLM's graph-captured step,
-vLLM's batch-sharded sampling, bytes per rank).
+``tests/gpu`` (all of it: the verify kernels, the folded escalation's kernels, the
+serving-safety replay on real CUDA graphs, patch 0002's ``compute_logits_local``, kimi_tli
+through vLLM's kernels), the verify-step benchmark (``bench/kernels/bench_verify_graph.py``:
+ours, vLLM's graph-captured step, vLLM's batch-sharded sampling, bytes per rank) and the same
+benchmark with the folded escalation (``folded``: ``--escalation folded``, Kimi's two top-p
+settings, k = 3 and 7, 4-256 rows: the folded step as ``ours`` beside the whole-row step,
+vLLM's graph step and batch-sharded sampling, in the same alternating rounds).
 
     # 1. here, after `nox -s apply-patches` (the patched tree is build/vllm-0.34.0/):
     python bench/gpu/release_runs.py prepare
     #    copies the vLLM source files the runs load into .vllm_src/ (git-ignored) and prints
     #    what to carry to the GPU machine and the commands to run there
     # 2. on the GPU machine, in the repository root (torch + Triton + pytest; no vLLM):
-    python3 bench/gpu/release_runs.py run --out DIR                  # both steps
+    python3 bench/gpu/release_runs.py run --out DIR --step-timeout 170   # all three steps
     python3 bench/gpu/release_runs.py run --out DIR --steps tests    # or one per call
     # 3. here, with DIR's files back:
     python bench/gpu/release_runs.py install DIR
     #    checks the verify report (schema, no failed case, the cost model reads it) and
-    #    replaces bench/reports/verify_graph_vs_vllm_h200.{json,md}; then `nox -s docs`
+    #    replaces bench/reports/verify_graph_vs_vllm_h200.{json,md}; then `nox -s docs`. With
+    #    the folded report in DIR (verify_folded.{json,md}) it checks that one too, copies it
+    #    into bench/reports/ and the package (costmodel/profiles/verify/) and regenerates its
+    #    priced table in docs/sharded-verification.md
 
 ``run`` writes into ``--out``: ``release_runs.json`` (each step's command, exit status,
 seconds; the tests' outcomes with skip reasons; patch 0002's tests; the replay test's
 uncaptured-step count), ``tests_gpu.xml`` + ``tests_gpu.log`` (pytest), and
-``verify_graph_vs_vllm_h200.{json,md}`` + ``bench.log``: six files. The summary is rewritten
-after every step, and the benchmark rewrites its report after every case, so a run stopped
-by a time limit still returns what finished. ``run --dry-run`` (any machine): the same steps
-in their CPU form (``pytest tests/gpu --collect-only``; the benchmark's ``--dry-run``).
+``verify_graph_vs_vllm_h200.{json,md}`` + ``bench.log`` (both benchmarks' output, the folded
+one appended), ``verify_folded.{json,md}``: eight files (the most a GPU machine returns).
+The summary is rewritten after every step, and the benchmark rewrites its report after every
+case, so a run stopped by a time limit still returns what finished. ``run --dry-run`` (any
+machine): the same steps in their CPU form (``pytest tests/gpu --collect-only``; the
+benchmarks' ``--dry-run``).
 
 The serving-safety replay is the verify step's own GPU test, :data:`REPLAY_TEST`; the
 driver reads the uncaptured-step count from the line it prints, :data:`REPLAY_RE` (steps
@@ -65,16 +73,26 @@ from bench.harness.cli import (  # noqa: E402
 PROG = "release_runs"
 SCHEMA = "vllm-kimi-ext/release-gpu-runs/1"
 REPORT = "verify_graph_vs_vllm_h200"
-STEPS = ("tests", "bench")
+FOLDED_REPORT = "verify_folded"
+STEPS = ("tests", "bench", "folded")
+#: The folded escalation's benchmark: Kimi's two top-p settings (the modes that escalate).
+FOLDED_ARGS = ("--escalation", "folded", "--modes", "top_p_T1,top_p_T0.6", "--ks", "3,7",
+               "--rows", "4,16,64,256")
+#: Each step's log (the folded benchmark appends to the benchmark's: 8 files come back).
+LOGS = {"tests": "tests_gpu.log", "bench": "bench.log", "folded": "bench.log"}
 #: The serving-safety replay test (the verify step's: StepGraphs over 1,000 steps of 1-256
 #: requests) and the line it prints (``steps N, replayed R, uncaptured {reason: count}``).
 REPLAY_TEST = ("tests/gpu/test_verify_step_graphs_gpu.py::"
                "test_thousand_steps_of_changing_batch_sizes_replay_captured_graphs")
 REPLAY_RE = re.compile(r"steps (\d+), replayed (\d+), uncaptured (\{[^}]*\})")
 PATCH_0002_FILE = "tests/gpu/test_patch_0002_gpu.py"
-#: Default per-step limits (s): both fit one 10-minute call only with --quick.
-TIMEOUTS = {"tests": 420, "bench": 540}
+#: Default per-step limits (s); all three fit one 10-minute call with ``--step-timeout 170``
+#: (measured before the folded step: tests ~90 s, bench ~100 s on one H100/H200).
+TIMEOUTS = {"tests": 420, "bench": 540, "folded": 300}
 CARRY = ".vllm_src"
+#: The package's copy of the folded report (what the installed cost model prices from),
+#: relative to the checkout that holds ``--reports``.
+PACKAGE_COPY = "vllm_kimi_ext/costmodel/profiles/verify/verify_folded.json"
 #: Real logits rows for the benchmark (git-ignored; carried when present). The committed
 #: report was measured on SmolLM2-135M rows made by this command (CPU, minutes):
 ROWS_FILE = "bench/out/verify_rows_smollm2.pt"
@@ -137,10 +155,10 @@ def prepare(args) -> int:
     print("carry to the GPU machine (with the working tree): " + ", ".join(carry))
     print("check the copy first (CPU): python bench/gpu/release_runs.py run --dry-run "
           "--out /tmp/release-dry-run")
-    print("run there, from the repository root, one call each (the step limits keep a call "
-          "under 10 minutes):")
-    print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --steps tests")
-    print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --steps bench")
+    print("run there, from the repository root, in one call (170 s per step keeps it under "
+          "10 minutes):")
+    print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --step-timeout 170")
+    print("or one call per step (--steps tests, --steps bench, --steps folded)")
     return EXIT_OK
 
 
@@ -153,12 +171,16 @@ def step_command(step: str, args) -> list[str]:
         cmd = [py, "-m", "pytest", "tests/gpu", "-rA", "-s", "-p", "no:cacheprovider",
                f"--junitxml={out}/tests_gpu.xml"]
         return cmd + (["--collect-only", "-q"] if args.dry_run else [])
-    cmd = [py, "bench/kernels/bench_verify_graph.py", "--out-dir", out, "--name", REPORT]
+    name = FOLDED_REPORT if step == "folded" else REPORT
+    cmd = [py, "bench/kernels/bench_verify_graph.py", "--out-dir", out, "--name", name]
     if (ROOT / CARRY).is_dir():
         cmd += ["--vllm-src", str(ROOT / CARRY)]
     rows = args.logits or (ROOT / ROWS_FILE if (ROOT / ROWS_FILE).is_file() else None)
     if rows is not None:
         cmd += ["--logits", str(rows)]
+    if step == "folded":  # the CPU form: 16 rows (4 requests: the folded plan, not rows)
+        cmd += list(FOLDED_ARGS)
+        return cmd + (["--dry-run", "--rows", "4,16", "--ks", "3"] if args.dry_run else [])
     if args.dry_run:  # the CPU form, kept short: the four modes at k = 3, 4 rows
         return cmd + ["--dry-run", "--rows", "4", "--ks", "3"]
     return cmd + (["--quick"] if args.quick else [])
@@ -166,13 +188,13 @@ def step_command(step: str, args) -> list[str]:
 
 def run_step(step: str, args) -> dict:
     cmd = step_command(step, args)
-    log = args.out / ("tests_gpu.log" if step == "tests" else "bench.log")
+    log = args.out / LOGS[step]
     limit = args.step_timeout or TIMEOUTS[step]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
         "PYTHONUNBUFFERED": "1"}
     t0 = time.monotonic()
-    with open(log, "w", encoding="utf-8") as fh:
+    with open(log, "a" if step == "folded" else "w", encoding="utf-8") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env,
@@ -232,8 +254,8 @@ def summarize_tests(out_dir: Path, dry_run: bool) -> dict:
     }
 
 
-def summarize_bench(out_dir: Path) -> dict:
-    path = out_dir / f"{REPORT}.json"
+def summarize_bench(out_dir: Path, name: str = REPORT) -> dict:
+    path = out_dir / f"{name}.json"
     if not path.is_file():
         return {"report": None}
     doc = json.loads(path.read_text())
@@ -266,8 +288,10 @@ def run(args) -> int:
         summary["steps"].append(rec)
         if step == "tests":
             summary["tests"] = summarize_tests(args.out, args.dry_run)
-        else:
+        elif step == "bench":
             summary["bench"] = summarize_bench(args.out)
+        else:
+            summary["folded"] = summarize_bench(args.out, FOLDED_REPORT)
         write_summary(summary, args.out)
         print(f"{PROG}: {step}: exit {rec['rc']}{' (timed out)' if rec['timed_out'] else ''} "
               f"in {rec['seconds']} s", flush=True)
@@ -278,18 +302,19 @@ def run(args) -> int:
 # ---------------------------------------------------------------------------------------------
 # install
 # ---------------------------------------------------------------------------------------------
-def install(args) -> int:
-    src = args.dir / f"{REPORT}.json"
-    md = args.dir / f"{REPORT}.md"
-    for p in (src, md):
-        if not p.is_file():
-            raise UsageError(f"{p}: no such file (expected the verify report `run` wrote)")
+def _read_report(src: Path) -> dict:
     try:
-        doc = json.loads(src.read_text(encoding="utf-8"))
+        return json.loads(src.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{src}: not valid JSON ({e})") from None
+
+
+def report_findings(doc, src: Path, folded: bool) -> list[str]:
+    """What keeps a returned report out: its schema, a dry run, a failed case, the cost
+    model's refusal (for the folded report also its whole-row times and its escalation)."""
     schema = _load(ROOT / "bench" / "kernels" / "_verify_graph_schema.py", "_release_schema")
     bvg = _load(ROOT / "bench" / "kernels" / "bench_verify_graph.py", "_release_bvg")
+    from vllm_kimi_ext.costmodel import verify_folded_cost as vf
     from vllm_kimi_ext.costmodel.verify_measured import VerifyReportError, parse_report
 
     findings = list(schema.problems(doc))
@@ -298,22 +323,81 @@ def install(args) -> int:
     if not findings:
         findings += [f"cases[{i}] ({c['k']}, {c['rows']}, {c['mode']}) failed a check or raised"
                      for i, c in enumerate(doc["cases"]) if bvg.failed(c)]
+    if not findings and folded:
+        findings += [f"cases[{i}] ({c['k']}, {c['rows']}, {c['mode']}): not a folded-escalation "
+                     "case (its plan has no escalation-folded round and no whole-row step "
+                     "beside it)" for i, c in enumerate(doc["cases"])
+                     if "escalation-folded" not in str(c.get("plan"))
+                     and c.get("ours_rows_us") is None]
     if not findings:
         try:
-            parse_report(doc, str(src))
+            meas = parse_report(doc, str(src))
+            if folded:
+                vf.parse_folded(doc, meas, str(src))
         except VerifyReportError as e:
             findings.append(f"the cost model refuses it: {e}")
-    if findings:
-        for f in findings:
-            print(f"{PROG}: {src}: {f}", file=sys.stderr)
+    return findings
+
+
+def _copy(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _folded_docs(src_dir: Path, docs: Path) -> str:
+    """docs/sharded-verification.md with the folded table priced from the returned report
+    (a missing generated block is a usage error, before anything is written)."""
+    from vllm_kimi_ext.costmodel import verify_folded_cost as vf
+    from vllm_kimi_ext.costmodel.catalog import DEFAULT_HARDWARE
+    from vllm_kimi_ext.costmodel.model import CostModel
+
+    fm = vf.load_folded(src_dir / f"{FOLDED_REPORT}.json")
+    try:
+        return vf.docs_text(docs.read_text(encoding="utf-8"),
+                            CostModel.build(DEFAULT_HARDWARE), fm)
+    except ValueError as e:
+        raise UsageError(f"{docs}: {e} (expected the generated folded-escalation table)"
+                         ) from None
+
+
+def install(args) -> int:
+    names = [n for n in (REPORT, FOLDED_REPORT) if (args.dir / f"{n}.json").is_file()]
+    if not names:
+        names = [REPORT]  # the missing file named below
+    docs = args.reports.resolve().parents[1] / "docs" / "sharded-verification.md"
+    package = args.reports.resolve().parents[1] / PACKAGE_COPY
+    for n in names:
+        for p in (args.dir / f"{n}.json", args.dir / f"{n}.md"):
+            if not p.is_file():
+                raise UsageError(f"{p}: no such file (expected the verify report `run` wrote)")
+    docs_by_name, bad = {n: _read_report(args.dir / f"{n}.json") for n in names}, 0
+    for n, doc in docs_by_name.items():
+        for f in report_findings(doc, args.dir / f"{n}.json", n == FOLDED_REPORT):
+            print(f"{PROG}: {args.dir / f'{n}.json'}: {f}", file=sys.stderr)
+            bad += 1
+    if bad:
         return EXIT_FINDINGS
-    dest = args.reports
-    for p in (src, md):
-        tmp = dest / f".{p.name}.tmp"
-        shutil.copyfile(p, tmp)
-        os.replace(tmp, dest / p.name)
-    print(f"{PROG}: replaced {dest / src.name} and {dest / md.name} ({len(doc['cases'])} "
-          "cases); now run `nox -s docs` (the cost model's copy, its crossover and the docs)")
+    if FOLDED_REPORT in names:
+        for need in (docs, package.parent):
+            if not need.exists():
+                raise UsageError(f"--reports {args.reports}: the checkout above it lacks "
+                                 f"{need} (the folded report updates it)")
+    new_docs = _folded_docs(args.dir, docs) if FOLDED_REPORT in names else None
+    for n in names:
+        for suffix in ("json", "md"):
+            _copy(args.dir / f"{n}.{suffix}", args.reports / f"{n}.{suffix}")
+        print(f"{PROG}: replaced {args.reports / n}.json and .md "
+              f"({len(docs_by_name[n]['cases'])} cases)")
+    if new_docs is not None:
+        _copy(args.dir / f"{FOLDED_REPORT}.json", package)
+        tmp = docs.with_name(f".{docs.name}.tmp")
+        tmp.write_text(new_docs, encoding="utf-8")
+        os.replace(tmp, docs)
+        print(f"{PROG}: copied it to {package} and regenerated the priced table in {docs}")
+    if REPORT in names:
+        print(f"{PROG}: now run `nox -s docs` (the cost model's copy, its crossover and the "
+              "docs)")
     return EXIT_OK
 
 
@@ -346,10 +430,11 @@ def build_parser() -> ArgumentParser:
     r = sub.add_parser("run", help="the runs (on the GPU machine; --dry-run anywhere)")
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument("--steps", type=_steps, default=list(STEPS),
-                   help=f"comma list of {', '.join(STEPS)} (default both)")
+                   help=f"comma list of {', '.join(STEPS)} (default all)")
     r.add_argument("--step-timeout", type=positive_int, default=None,
                    help="seconds per step (default tests "
-                        f"{TIMEOUTS['tests']}, bench {TIMEOUTS['bench']})")
+                        f"{TIMEOUTS['tests']}, bench {TIMEOUTS['bench']}, folded "
+                        f"{TIMEOUTS['folded']})")
     r.add_argument("--quick", action="store_true", help="the benchmark's --quick")
     r.add_argument("--logits", type=Path, default=None,
                    help=f"the benchmark's --logits (default {ROWS_FILE} when it exists)")

@@ -98,6 +98,12 @@ class Case:
     vllm_error: str | None = None
     batch_sharded_error: str | None = None
     ours_old_escalation_error: str | None = None
+    #: ``--escalation folded``: the whole-row step beside the folded one (ours).
+    ours_rows_us: float | None = None
+    ours_rows: Timing | None = None
+    ours_rows_bytes_sent: int | None = None
+    ours_rows_equals_ours: bool | None = None
+    ours_rows_error: str | None = None
 
 
 @dataclasses.dataclass
@@ -139,7 +145,8 @@ def problems(doc: Any) -> list[str]:
     for i, c in enumerate(doc["cases"]):
         where = f"$.cases[{i}]"
         failed = any(c.get(e) for e in ("ours_error", "ours_old_escalation_error",
-                                         "vllm_error", "batch_sharded_error"))
+                                         "vllm_error", "batch_sharded_error",
+                                         "ours_rows_error"))
         for field in TIMED:
             v = c.get(field)
             if doc["dry_run"] and v is not None:

@@ -5,7 +5,7 @@ verify step and against vLLM's batch-sharded sampling, per rank on one GPU
 
     python bench/kernels/bench_verify_graph.py [--vllm-src DIR] [--logits ROWS.pt]
         [--out-dir DIR] [--name NAME] [--quick] [--rounds N] [--per-graph N]
-        [--rows 4,16] [--ks 3] [--modes greedy,top_p_T1] [--escalation both|split|hist]
+        [--rows 4,16] [--ks 3] [--modes greedy,top_p_T1] [--escalation both|split|hist|folded]
     python bench/kernels/bench_verify_graph.py --dry-run --out-dir DIR   # CPU, no timing
 
 ``ROWS.pt``: bf16 logits rows of a real model (``bench/topp_fallback.py
@@ -25,7 +25,12 @@ Modes: ``top_p_T1`` (T = 1.0, top_p 0.95: Kimi's thinking mode), ``top_p_T0.6``
   report says why when it does not. ``--escalation split`` times the whole-row (split)
   escalation alone, ``--escalation hist`` the test kit's histogram escalation (three small
   all-gathers, ``testkit/verify_hist_step.py``, not shipped) in its place; the plan's
-  escalation is in each case's ``plan``.
+  escalation is in each case's ``plan``. ``--escalation folded`` times the folded escalation
+  (``StepPlan.escalation == "folded"``: further candidates and one whole-row slot in one
+  small all-gather, ``verify/escalate_folded.py``; at one request it is the whole-row plan)
+  as ``ours`` and, side by side in the same alternating rounds, the whole-row step as
+  ``ours_rows`` (its bytes in ``ours_rows_bytes_sent``; ``ours_rows_equals_ours``: the same
+  tokens, a request the folded step deferred emitting a prefix of them).
 * ``vllm``: what every rank runs after today's full logits all-gather, captured in
   one CUDA graph, making the decisions vLLM's ``RejectionSampler._verify`` and
   ``Sampler.apply_sampling_params`` make for these sampling parameters: the float32
@@ -125,7 +130,7 @@ MODES = {
     "greedy": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0},
     "topk_minp": {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": 0.05},
 }
-ESCALATIONS = ("both", "split", "hist")
+ESCALATIONS = ("both", "split", "hist", "folded")
 DRY_VLLM_NOTE = ("vLLM's kernels (rejection_sample, the batch shard plan, pack and unpack) "
                  "run by Triton's interpreter on CPU for the modes without top-k/top-p; "
                  "vLLM's top-k/top-p kernel does not run under the interpreter")
@@ -299,7 +304,8 @@ def old_escalation(step) -> str | None:
 
 def ours_case(z, b, vocab: int, backend: str, old: bool, escalation: str = "rows"):
     """``(plan, out, call, same_eager, same_graph, old_call, old_same, old_why)``;
-    ``escalation``: the plan's (``"rows"``: whole rows, the split kernel; ``"hist"``)."""
+    ``escalation``: the plan's (``"rows"``: whole rows, the split kernel; ``"hist"``;
+    ``"folded"``)."""
     from testkit.verify_graph_sim import simulate_graph_step
     from testkit.verify_hist_step import HistVerifyStep
     from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
@@ -339,6 +345,24 @@ def ours_case(z, b, vocab: int, backend: str, old: bool, escalation: str = "rows
         else:
             old_call = None
     return plan, out, call, bool(same_eager and same_graph), old_call, old_same, old_why
+
+
+def rows_case(z, b, vocab: int, backend: str, out, case: dict, calls: dict) -> None:
+    """The whole-row step beside the folded one: its call (timed as ``ours_rows``), bytes and
+    whether its tokens equal the folded step's (a request the folded step deferred must emit a
+    prefix of them)."""
+    try:
+        rplan, rout, rcall, rsame, *_ = ours_case(z, b, vocab, backend, False, "rows")
+        same = bool(rsame)
+        stopped = set(out.stopped.nonzero().squeeze(1).tolist())
+        for i, (a, r) in enumerate(zip(out.sampled.tolist(), rout.sampled.tolist())):
+            na, nr = int(out.num_sampled[i]), int(rout.num_sampled[i])
+            same &= a[:na] == r[:nr] if i not in stopped else (na <= nr and a[:na] == r[:na])
+        case.update(ours_rows_bytes_sent=int(rplan.bytes_sent_per_rank),
+                    ours_rows_equals_ours=same)
+        calls["ours_rows"] = rcall
+    except Exception as e:  # noqa: BLE001 - reported in the case
+        case["ours_rows_error"] = _error(e)
 
 
 def _graph_equals(call, out) -> bool:
@@ -447,10 +471,10 @@ def run_case(z, k: int, mname: str, args, kern: dict | None, gen, vocab: int) ->
     bpr = traffic(rows, k, vocab, TP, z.element_size())
     calls: dict = {}
     backend = "triton" if z.is_cuda else "torch"
+    esc = args.escalation if args.escalation in ("hist", "folded") else "rows"
     try:
         plan, out, call, same, old_call, old_same, old_why = ours_case(
-            z, b, vocab, backend, args.escalation == "both",
-            "hist" if args.escalation == "hist" else "rows")
+            z, b, vocab, backend, args.escalation == "both", esc)
         bpr["ours"] = ours_traffic(plan, TP)
         case.update(payload_bytes_per_row_per_rank=plan.bytes_per_row_per_rank,
                     rounds=len(plan.rounds), plan=plan.describe(),
@@ -459,6 +483,8 @@ def run_case(z, k: int, mname: str, args, kern: dict | None, gen, vocab: int) ->
                     old_escalation_equals_new=old_same)
         case["reference"] = reference_check(z, b, out, vocab)
         calls["ours"] = call
+        if esc == "folded" and plan.escalation_slots:
+            rows_case(z, b, vocab, backend, out, case, calls)
         if old_call is not None:
             calls["ours_old_escalation"] = old_call
         elif old_why:
@@ -504,17 +530,20 @@ def run_case(z, k: int, mname: str, args, kern: dict | None, gen, vocab: int) ->
 #: (side, the case's timing record, the case's median in µs)
 TIMING_FIELDS = (("ours", "ours_graph", "ours_graph_us"),
                  ("ours_old_escalation", "ours_old_escalation", "ours_old_escalation_us"),
+                 ("ours_rows", "ours_rows", "ours_rows_us"),
                  ("vllm", "vllm_graph", "vllm_graph_us"),
                  ("batch_sharded", "batch_sharded_graph", "batch_sharded_us"))
 
 
-ERRORS = ("ours_error", "ours_old_escalation_error", "vllm_error", "batch_sharded_error")
+ERRORS = ("ours_error", "ours_old_escalation_error", "vllm_error", "batch_sharded_error",
+          "ours_rows_error")
 
 
 def failed(case: dict) -> bool:
     return (any(case.get(e) for e in ERRORS)
             or any(case.get(c) is False for c in ("graph_equals_eager",
                                                   "old_escalation_equals_new",
+                                                  "ours_rows_equals_ours",
                                                   "batch_sharded_equals_vllm")))
 
 
@@ -662,6 +691,7 @@ def markdown(report: dict) -> str:
               "vLLM's logits all-gather; b-s: received by the busiest rank in batch-sharded "
               "sampling's all-to-all + output all-gather (`bytes_per_rank` in the JSON has "
               "sent, received and the collectives of each)."]
+    lines += _rows_markdown(report)
     errs = [c for c in report["cases"] if failed(c)]
     if errs:
         lines += ["", "## Errors and failed checks", ""]
@@ -669,6 +699,24 @@ def markdown(report: dict) -> str:
             what = next((c[e] for e in ERRORS if c.get(e)), "a check is false")
             lines.append(f"- k={c['k']} rows={c['rows']} {c['mode']}: {what[-400:]!r}")
     return "\n".join(lines) + "\n"
+
+
+def _rows_markdown(report: dict) -> list[str]:
+    """With ``--escalation folded``: the folded step (ours) beside the whole-row step."""
+    cases = [c for c in report["cases"] if "ours_rows_equals_ours" in c or c.get("ours_rows_us")]
+    if not cases:
+        return []
+    out = ["", "## Folded escalation (ours) beside the whole-row escalation", "",
+           "| k | rows | mode | ours folded (µs) | ours whole rows (µs) | vLLM (µs) "
+           "| batch-sharded (µs) | B/rank folded | B/rank whole rows | deferred rows "
+           "| same tokens |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for c in cases:
+        out.append(f"| {c['k']} | {c['rows']} | {c['mode']} | {_f(c.get('ours_graph_us'))} "
+                   f"| {_f(c.get('ours_rows_us'))} | {_f(c.get('vllm_graph_us'))} "
+                   f"| {_f(c.get('batch_sharded_us'))} | {c['bytes_per_rank']['ours']['sent']} "
+                   f"| {c.get('ours_rows_bytes_sent', '—')} | {c.get('deferred_rows', '—')} "
+                   f"| {c.get('ours_rows_equals_ours', '—')} |")
+    return out
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -740,7 +788,8 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--escalation", choices=ESCALATIONS, default="both",
                     help="both: also time our step with the old one-program-per-row "
                          "escalation kernel (when the code still has it); split: only the "
-                         "split (whole-row) escalation; hist: the histogram escalation")
+                         "split (whole-row) escalation; hist: the histogram escalation; "
+                         "folded: the folded escalation, timed beside the whole-row step")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, V = 4096, torch backend, nothing timed: the cases, checks, "
                          "byte counts and the report's schema")

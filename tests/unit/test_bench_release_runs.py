@@ -1,4 +1,4 @@
-"""``bench/gpu/release_runs.py`` without a GPU: ``run --dry-run`` (both steps in their CPU
+"""``bench/gpu/release_runs.py`` without a GPU: ``run --dry-run`` (the three steps in their CPU
 form, the summary it writes), ``prepare`` (the vLLM files a GPU machine is given),
 ``install`` (what it refuses, what it copies) and its table of bad arguments."""
 
@@ -35,13 +35,13 @@ def dry(tmp_path_factory):
     return p, out
 
 
-def test_dry_run_runs_both_steps(dry):
+def test_dry_run_runs_every_step(dry):
     p, out = dry
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     s = json.loads((out / "release_runs.json").read_text())
     assert s["schema"] == rr.SCHEMA and s["dry_run"] is True
     assert [(r["step"], r["rc"], r["timed_out"]) for r in s["steps"]] == [
-        ("tests", 0, False), ("bench", 0, False)]
+        ("tests", 0, False), ("bench", 0, False), ("folded", 0, False)]
     # every GPU test file is collected, patch 0002's tests are picked out
     files = {f"tests/gpu/{f.name}" for f in (ROOT / "tests" / "gpu").glob("test_*.py")}
     assert {k.split("::")[0] for k in s["tests"]["cases"]} == files
@@ -50,6 +50,14 @@ def test_dry_run_runs_both_steps(dry):
     assert s["bench"] == {"report": f"{rr.REPORT}.json", "cases": s["bench"]["cases"],
                           "failed_cases": 0, "dry_run": True}
     assert schema.problems(json.loads((out / f"{rr.REPORT}.json").read_text())) == []
+    # the folded benchmark: Kimi's top-p modes, one request (the whole-row plan) and four
+    folded = json.loads((out / f"{rr.FOLDED_REPORT}.json").read_text())
+    assert schema.problems(folded) == [] and s["folded"]["failed_cases"] == 0
+    assert {(c["rows"], c["mode"]) for c in folded["cases"]} == {
+        (r, m) for r in (4, 16) for m in ("top_p_T1", "top_p_T0.6")}
+    assert all(("escalation-folded" in c["plan"]) == (c["rows"] == 16) for c in folded["cases"])
+    assert all(c["ours_rows_equals_ours"] for c in folded["cases"])
+    assert any(("folded" in k) for k in s["tests"]["cases"])
     # what comes back from a GPU machine: at most 8 plain files, no folders
     assert len(list(out.iterdir())) <= 8 and all(f.is_file() for f in out.iterdir())
 
@@ -108,14 +116,28 @@ def test_prepare_copies_exactly_the_files_the_runs_load(tmp_path, capsys):
     assert sorted(p.stat().st_mtime_ns for p in dest.rglob("*")) == before
 
 
+def _checkout(tmp_path: Path) -> Path:
+    """A checkout for ``install --reports``: bench/reports, the docs page, the package copy's
+    folder."""
+    root = tmp_path / "checkout"
+    (root / "bench" / "reports").mkdir(parents=True)
+    (root / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "sharded-verification.md", root / "docs")
+    (root / rr.PACKAGE_COPY).parent.mkdir(parents=True)
+    return root
+
+
 def test_install_refuses_a_dry_run_and_copies_a_measured_report(dry, tmp_path, capsys):
     _, out = dry
     reports = tmp_path / "reports"
     reports.mkdir()
     assert rr.main(["install", str(out), "--reports", str(reports)]) == 1
-    assert "a dry run" in capsys.readouterr().err and not list(reports.iterdir())
+    err = capsys.readouterr().err
+    assert err.count("a dry run") == 2 and not list(reports.iterdir())  # both reports
     got = tmp_path / "got"
     shutil.copytree(out, got)
+    for suffix in ("json", "md"):
+        (got / f"{rr.FOLDED_REPORT}.{suffix}").unlink()
     doc = schema.as_measured(json.loads((got / f"{rr.REPORT}.json").read_text()))
     doc["cases"][0]["batch_sharded_equals_vllm"] = False
     (got / f"{rr.REPORT}.json").write_text(json.dumps(doc))
@@ -125,6 +147,39 @@ def test_install_refuses_a_dry_run_and_copies_a_measured_report(dry, tmp_path, c
     (got / f"{rr.REPORT}.json").write_text(json.dumps(doc))
     assert rr.main(["install", str(got), "--reports", str(reports)]) == 0
     assert json.loads((reports / f"{rr.REPORT}.json").read_text()) == doc
+
+
+def test_install_of_the_folded_report(dry, tmp_path, capsys):
+    """A measured folded report alone: checked like the verify report (a failed case is
+    refused, nothing written), then copied into bench/reports and the package copy, and the
+    docs' generated table priced from it; a checkout without the docs page is a usage error
+    before anything is written."""
+    _, out = dry
+    got = tmp_path / "got"
+    got.mkdir()
+    for suffix in ("json", "md"):
+        shutil.copy(out / f"{rr.FOLDED_REPORT}.{suffix}", got)
+    doc = schema.as_measured(json.loads((got / f"{rr.FOLDED_REPORT}.json").read_text()))
+    for c in doc["cases"]:
+        c["ours_rows_us"] = c["ours_graph_us"] + 1.0
+    doc["cases"][1]["ours_rows_equals_ours"] = False
+    (got / f"{rr.FOLDED_REPORT}.json").write_text(json.dumps(doc))
+    root = _checkout(tmp_path)
+    reports = root / "bench" / "reports"
+    assert rr.main(["install", str(got), "--reports", str(reports)]) == 1
+    assert "cases[1]" in capsys.readouterr().err and not list(reports.iterdir())
+    doc["cases"][1]["ours_rows_equals_ours"] = True
+    (got / f"{rr.FOLDED_REPORT}.json").write_text(json.dumps(doc))
+    bare = tmp_path / "bare" / "bench" / "reports"
+    bare.mkdir(parents=True)
+    assert rr.main(["install", str(got), "--reports", str(bare)]) == 2
+    assert "lacks" in capsys.readouterr().err and not list(bare.iterdir())
+    before = (root / "docs" / "sharded-verification.md").read_text()
+    assert rr.main(["install", str(got), "--reports", str(reports)]) == 0
+    assert json.loads((reports / f"{rr.FOLDED_REPORT}.json").read_text()) == doc
+    assert json.loads((root / rr.PACKAGE_COPY).read_text()) == doc
+    after = (root / "docs" / "sharded-verification.md").read_text()
+    assert after != before and "| k | sampling | batch | folded" in after
 
 
 BAD = [
@@ -139,6 +194,8 @@ BAD = [
     (["install", "{tmp}"], "no such file"),
     (["install", "{tmp}/bad"], "not valid JSON"),
     (["install", "{tmp}", "--reports", "{tmp}/file"], "--reports"),
+    (["install", "{tmp}/badfolded"], "not valid JSON"),
+    (["install", "{tmp}/nomd"], "no such file"),
     (["launch"], "invalid choice"),
 ]
 
@@ -147,8 +204,12 @@ BAD = [
 def test_bad_arguments(tmp_path, capsys, argv, words):
     (tmp_path / "file").write_text("keep")
     (tmp_path / "bad").mkdir()
+    (tmp_path / "badfolded").mkdir()
+    (tmp_path / "nomd").mkdir()
+    (tmp_path / "nomd" / f"{rr.FOLDED_REPORT}.json").write_text("{}")
     for suffix in ("json", "md"):
         (tmp_path / "bad" / f"{rr.REPORT}.{suffix}").write_text("{not json")
+        (tmp_path / "badfolded" / f"{rr.FOLDED_REPORT}.{suffix}").write_text("{not json")
     before = sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
     rc = rr.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     out, err = capsys.readouterr()

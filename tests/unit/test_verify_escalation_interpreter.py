@@ -143,3 +143,22 @@ def test_a_subprocess_over_its_cap_is_reported_as_a_timeout():
     with pytest.raises(pytest.fail.Exception, match=r"python -m testkit.verify_hist_check "
                        r"kernels: timed out after 0.01 s \(the Triton interpreter"):
         _interpret("testkit.verify_hist_check", "kernels", timeout=0.01)
+
+
+@pytest.mark.slow
+@linux_only
+def test_folded_escalation_in_interpreter():
+    """The folded escalation's kernels (``verify/_folded_kernels.py``, 16-column splits;
+    ``testkit.verify_folded_check``): the send buffer equals the torch bodies and leaves empty
+    slots unwritten (two seeds); the graph step on the Triton backend equals the reference
+    and the torch backend's tokens and deferrals on the pins and tie-heavy rows, with wide
+    (64) and narrow (2-3) further candidates, with and without the whole-row slot. Took
+    42 min on the loaded 2-core box (the first folded design's kernels)."""
+    cases = _interpret("testkit.verify_folded_check", timeout=3600)["cases"]
+    send = [c for c in cases if c["kind"] == "send"]
+    steps = [c for c in cases if c["kind"] != "send"]
+    assert len(send) == 2 and all(len(c["widths"]) == 4 for c in send)
+    assert any(w["sentinels"] > 0 for c in send for w in c["widths"])  # padding reached
+    assert len(steps) == 6 and all(c["escalation"] == "folded" for c in steps)
+    assert all(c["uncertified"] > 0 for c in steps), steps
+    assert any(c["deferred"] > 0 for c in steps if c["W2"] <= 3), steps  # narrow: deferrals

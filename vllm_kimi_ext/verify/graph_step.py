@@ -61,6 +61,7 @@ from collections import Counter
 import torch
 
 from . import step_torch as st
+from .escalate_folded import escalate_folded
 from .kernels import shard_local_stats
 from .protocol import StepPlan, plan_step
 from .ranks import AllGather, ShardedRank
@@ -116,7 +117,9 @@ class GraphVerifyStep(ShardedRank):
             merged = gk.merge_round1(g, inp, plan, V, rv, q_full)
         else:
             merged = st.merge_round1_torch(g, inp, plan, V, rv, q_full)
-        if plan.escalation_slots:
+        if plan.escalation_slots and plan.escalation == "folded":
+            deferred = escalate_folded(self, logits_shard, inp, plan, merged, g, tri)
+        elif plan.escalation_slots:
             deferred = self._escalate(logits_shard, inp, plan, merged, q_full, tri)
         else:
             deferred = constant(plan.num_rows, 0, merged.uncertified.dtype, g.device)
@@ -391,7 +394,8 @@ class StepGraphs:
         canon = self.padded_plan(key[0], key[1])
         if key not in self._graphs or (plan.candidates, plan.escalation_slots > 0) != (
                 canon.candidates, canon.escalation_slots > 0) or (
-                plan.escalation_slots and plan.escalation_slots != plan.num_reqs):
+                plan.escalation_slots and plan.escalation_slots != plan.num_reqs) or (
+                plan.escalation != canon.escalation):
             return "plan_not_captured"
         return None
 

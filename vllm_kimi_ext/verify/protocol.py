@@ -67,7 +67,20 @@ FLOAT_BYTES = 4
 #: per rank at 4-256 rows against 43-274 us for ``"rows"`` (``bench/reports/
 #: verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3, Kimi's top-p
 #: modes, CUDA graphs); it lives in the test kit (``testkit/verify_hist_step.py``), not here.
-ESCALATIONS = ("rows",)
+#: ``"folded"`` (:mod:`.escalate_folded`, never the default): the first
+#: ``row_fallback_slots`` picked rows' whole shard rows and, for every further picked row,
+#: ``folded_candidates`` more round-1 candidates as int32 keys, in one all-gather.
+ESCALATIONS = ("rows", "folded")
+#: The folded escalation: further candidates per rank and picked row (the tokens ranked
+#: ``W .. W + FOLDED_CANDIDATES - 1`` of the shard in (value desc, id asc) order, each one
+#: int32: its 16-bit ordered value key and its local column), so round 1's certificate runs
+#: again over ``W + FOLDED_CANDIDATES`` per rank; 384 (512 in all): on real rows
+#: (``bench/reports/topp_fallback_smollm2.md``, Kimi's padded layout, T = 1.0) 1.04 % of
+#: rows need more than 256 per rank, 0.05 % more than 1024.
+FOLDED_CANDIDATES = 384
+#: The folded escalation's whole-row slots (its first picked slots: first rows first).
+DEFAULT_FOLDED_ROW_SLOTS = 1
+FOLDED_KEY_BYTES = 4
 #: The residual round's float32 columns per request: the Gumbel-max (value, id).
 RESIDUAL_COLUMNS = 2
 
@@ -167,6 +180,16 @@ def round1_columns(candidates: int) -> int:
     return STAT_COLUMNS + 2 * candidates
 
 
+def folded_round_bytes(slots: int, folded: int, row_slots: int, shard_width: int,
+                       logits_bytes: int) -> int:
+    """Bytes one rank sends in the folded escalation's one all-gather: ``folded`` int32 keys
+    for each slot after the first ``min(row_slots, slots)``, then those slots' whole shard
+    rows, padded to a multiple of 4 (a slot with a whole row needs no keys)."""
+    f = min(row_slots, slots)
+    n = (slots - f) * folded * FOLDED_KEY_BYTES + f * shard_width * logits_bytes
+    return -(-n // 4) * 4
+
+
 def round1_bytes_per_row(candidates: int = DEFAULT_CANDIDATES) -> int:
     """Bytes one rank sends per row in round 1 of a step with a cut."""
     return round1_columns(candidates) * FLOAT_BYTES
@@ -211,11 +234,12 @@ class StepPlan:
     probabilistic: bool
     shard_width: int
     logits_bytes: int = 2
-
-    @property
-    def escalation(self) -> str:
-        """How uncertified rows are cut (one of :data:`ESCALATIONS`)."""
-        return "rows"
+    #: How uncertified rows are cut (one of :data:`ESCALATIONS`).
+    escalation: str = "rows"
+    #: Whole-row slots of a ``"folded"`` escalation (its first picked slots).
+    row_fallback_slots: int = 0
+    #: Further candidates per rank and picked row of a ``"folded"`` escalation.
+    folded_candidates: int = 0
 
     @property
     def stats_only(self) -> bool:
@@ -236,7 +260,11 @@ class StepPlan:
         out = [Round("stats" if self.stats_only else "stats+candidates", self.num_rows,
                      self.round1_width)]
         E = self.escalation_slots
-        if E:
+        if E and self.escalation == "folded":
+            out.append(Round("escalation-folded", 1, folded_round_bytes(
+                E, self.folded_candidates, self.row_fallback_slots, self.shard_width,
+                self.logits_bytes), 1))
+        elif E:
             out.append(Round("escalation", E, self.shard_width, self.logits_bytes))
         if self.residual_round:
             out.append(Round("residual", self.num_reqs, RESIDUAL_COLUMNS))
@@ -259,7 +287,7 @@ class StepPlan:
     def escalation_bytes_per_rank(self) -> int:
         """Bytes each rank sends in the escalation's rounds."""
         return sum(r.bytes_per_rank for r in self.rounds
-                   if r.name == "escalation")
+                   if r.name.startswith("escalation"))
 
     @property
     def bytes_per_escalated_row_per_rank(self) -> float:
@@ -280,7 +308,9 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
               max_rows_per_req: int, all_greedy: bool, any_cut: bool, max_top_k: int = 0,
               may_escalate: bool = False, probabilistic: bool = False,
               any_uncut_sampling: bool = False, candidates: int | None = None,
-              escalation_slots: int | None = None, logits_bytes: int = 2) -> StepPlan:
+              escalation_slots: int | None = None, logits_bytes: int = 2,
+              escalation: str | None = None, row_fallback_slots: int | None = None,
+              folded_candidates: int | None = None) -> StepPlan:
     """The step plan from host-known facts of the batch.
 
     ``any_cut``: some sampling row has top-k, min-p or top-p; ``max_top_k``: the
@@ -288,7 +318,11 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     top-p or min-p without top-k (its kept set may exceed the candidates);
     ``any_uncut_sampling``: some sampling row has no cut (probabilistic drafts then
     need the residual round). ``escalation_slots`` defaults to the number of
-    requests (every request's first row has a slot).
+    requests (every request's first row has a slot). ``escalation="folded"`` (see
+    :data:`ESCALATIONS`; 16-bit logits and one-hot drafts only) with ``row_fallback_slots``
+    and ``folded_candidates`` (defaults :data:`DEFAULT_FOLDED_ROW_SLOTS`,
+    :data:`FOLDED_CANDIDATES`); with no more slots than whole-row slots it is the
+    ``"rows"`` plan (every slot has its whole row: nothing to fold).
     """
     w = 0
     if any_cut and not all_greedy:
@@ -298,12 +332,36 @@ def plan_step(*, tp_size: int, shard_width: int, num_rows: int, num_reqs: int,
     if may_escalate and not all_greedy:
         e = max(num_reqs, escalation_slots or 0)
         e = min(e, num_rows)
+    fold = folded_fields(escalation, e, logits_bytes, probabilistic, row_fallback_slots,
+                         folded_candidates)
     return StepPlan(tp_size=tp_size, num_rows=num_rows, num_reqs=num_reqs,
                     max_rows_per_req=max_rows_per_req, candidates=w, escalation_slots=e,
                     all_greedy=all_greedy,
                     residual_round=probabilistic and not all_greedy and any_uncut_sampling,
                     probabilistic=probabilistic, shard_width=shard_width,
-                    logits_bytes=logits_bytes)
+                    logits_bytes=logits_bytes, **fold)
+
+
+def folded_fields(escalation: str | None, slots: int, logits_bytes: int, probabilistic: bool,
+                  row_fallback_slots: int | None, folded_candidates: int | None) -> dict:
+    """The plan's escalation fields; ``"folded"`` with ``slots <= row_fallback_slots`` is the
+    ``"rows"`` plan. Refuses an unknown kind, and ``"folded"`` with float32 logits,
+    probabilistic drafts or fewer than one further candidate."""
+    if escalation is not None and escalation not in ESCALATIONS:
+        raise ValueError(f"escalation must be one of {ESCALATIONS}, got {escalation!r}")
+    if escalation != "folded":
+        return {}
+    if slots and (logits_bytes != 2 or probabilistic):
+        raise ValueError("the folded escalation needs 16-bit logits and one-hot drafts")
+    fc = FOLDED_CANDIDATES if folded_candidates is None else int(folded_candidates)
+    if fc < 1:
+        raise ValueError(f"folded_candidates must be >= 1, got {fc}")
+    fb = DEFAULT_FOLDED_ROW_SLOTS if row_fallback_slots is None else int(row_fallback_slots)
+    if fb < 0:
+        raise ValueError(f"row_fallback_slots must be >= 0, got {fb}")
+    if slots <= fb:
+        return {}
+    return {"escalation": "folded", "row_fallback_slots": fb, "folded_candidates": fc}
 
 
 def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size: int,
@@ -312,7 +370,9 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      custom_logits_processors: bool = False, top_p_sharded: bool = True,
                      counter: FallbackCounter | None = None,
                      candidates: int | None = None,
-                     escalation_slots: int | None = None) -> StepPlan | Fallback:
+                     escalation_slots: int | None = None, escalation: str | None = None,
+                     row_fallback_slots: int | None = None,
+                     folded_candidates: int | None = None) -> StepPlan | Fallback:
     """The step's :class:`StepPlan`, or the :class:`Fallback` that sends it to the full
     logits gather, from the requests' sampling parameters (host objects: no device read).
 
@@ -358,7 +418,9 @@ def plan_from_params(sampling_params: Sequence[Any], *, tp_size: int, vocab_size
                      all_greedy=all(greedy), any_cut=any_cut, max_top_k=max_k,
                      may_escalate=may_escalate, probabilistic=probabilistic,
                      any_uncut_sampling=uncut, logits_bytes=logits_bytes,
-                     candidates=candidates, escalation_slots=escalation_slots)
+                     candidates=candidates, escalation_slots=escalation_slots,
+                     escalation=escalation, row_fallback_slots=row_fallback_slots,
+                     folded_candidates=folded_candidates)
 
 
 class FallbackCounter:

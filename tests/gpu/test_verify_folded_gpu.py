@@ -1,0 +1,124 @@
+"""The folded escalation on a CUDA device (``verify/_folded_kernels.py``).
+
+* The send kernel (Triton) writes each key slot's further candidates equal to their torch body
+  bit for bit at Kimi's shard width (W = 128, W2 = 384) on tie-heavy bf16 rows, each
+  whole-row slot's shard row, nothing for an empty slot, and leaves its counters zeroed.
+* The whole step on simulated TP = 8 (Triton) with the folded escalation equals the
+  full-logits reference on tie-heavy and flat rows (every cut uncertified with 4 round-1
+  candidates), and its tokens equal the whole-row escalation's.
+* Inside a captured CUDA graph it replays to the eager output; with no uncertified row its
+  launches return at once (Kimi's T = 0.6 rows) and the output still equals the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from testkit.verify_graph_sim import check_graph_step, simulate_graph_step
+from vllm_kimi_ext.verify import GraphVerifyStep, StepInputs, VerifyBatch
+
+pytestmark = pytest.mark.gpu
+V, TP = 163840, 8
+
+
+def _tied(n, seed, top_p, flat=False, temp=1.0, peaked=False):
+    g = torch.Generator().manual_seed(seed)
+    drafts = torch.randint(0, V, (n, 3), generator=g)
+    b = VerifyBatch.from_draft_tokens(drafts, [temp] * n, torch.arange(n) * 13 + seed,
+                                      top_p=[top_p] * n, device="cuda")
+    if peaked:  # the nucleus is the 4 top tokens: round 1 certifies every cut
+        z = (torch.randn(b.num_rows, V, generator=g) * 0.5).to(torch.bfloat16)
+        z[:, 100:104] = 12.0
+    elif flat:
+        z = (torch.randn(b.num_rows, V, generator=g) * 0.05).to(torch.bfloat16)
+    else:
+        z = (torch.randint(-40, 4, (b.num_rows, V), generator=g) * 0.25).to(torch.bfloat16)
+        z[:, :4] = 2.0
+    return b, z.cuda()
+
+
+def test_send_buffer_equals_torch():
+    from testkit.verify_folded_check import UNWRITTEN
+    from vllm_kimi_ext.verify import _folded_kernels as fk
+    from vllm_kimi_ext.verify.escalate_folded import further_candidates_torch
+    from vllm_kimi_ext.verify.protocol import folded_round_bytes
+
+    class Step:
+        pass
+
+    S = V // TP
+    _, z = _tied(4, 1, 0.95)
+    shard = z[:, :S].contiguous()
+    idx = torch.tensor([3, 0, 9, 15, 7], device="cuda")
+    real = torch.tensor([1, 0, 1, 1, 0], dtype=torch.int8, device="cuda")
+    for W, W2, F, n_valid in ((128, 384, 1, S), (128, 384, 1, S - 7), (4, 64, 0, S),
+                              (128, 384, 2, S)):
+        step = Step()
+        buf = fk.send_folded(step, shard, idx, real, W, W2, F, n_valid,
+                             folded_round_bytes(5, W2, F, S, 2), fill=UNWRITTEN)[0]
+        kb = (5 - F) * W2 * 4
+        keys = buf[:kb].view(torch.int32).view(5 - F, W2)
+        rows = buf[kb:kb + F * S * 2].view(torch.bfloat16).view(F, S)
+        want = further_candidates_torch(shard, idx[F:], W, W2, n_valid)
+        for s in range(5):
+            got = rows[s] if s < F else keys[s - F]
+            if not int(real[s]):
+                assert bool((got.view(torch.uint8) == UNWRITTEN).all()), (W, W2, F, s)
+            elif s < F:
+                assert torch.equal(got, shard[idx[s]]), (W, W2, F, s)
+            else:
+                assert torch.equal(got, want[s - F]), (W, W2, F, s)
+        assert int(step._folded_scratch[str(shard.device)].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_folded_step_equals_reference_and_whole_rows(flat):
+    b, z = _tied(12, 3, 0.9, flat)
+    kw = dict(backend="triton", candidates=4, allow_first_row_deferral=True)
+    out, _, plan, _ = check_graph_step(z, b, V, TP, escalation="folded", **kw)
+    assert plan.escalation == "folded" and bool(out.uncertified.any())
+    rows, _, _, _ = check_graph_step(z, b, V, TP, escalation="rows", **kw)
+    for i in range(out.num_sampled.shape[0]):
+        n = int(out.num_sampled[i])
+        assert out.sampled[i, :n].tolist() == rows.sampled[i, :n].tolist()
+        if not bool(out.stopped[i]):
+            assert n == int(rows.num_sampled[i])
+
+
+@pytest.mark.parametrize("temp,cands", [(1.0, 4), (0.6, 128)])
+def test_folded_inside_a_captured_graph(temp, cands):
+    b, z = _tied(16, 7, 0.95, flat=temp == 1.0, temp=temp, peaked=temp != 1.0)
+    outs, group, plan = simulate_graph_step(z, b, TP, V, backend="triton", candidates=cands,
+                                            escalation="folded")
+    bufs = [r.clone() for r in group.received[0]]
+    it = {"i": 0}
+
+    def replay(t):
+        j = it["i"] % len(bufs)
+        it["i"] += 1
+        return bufs[j]
+
+    step = GraphVerifyStep(V, TP, 0, replay, backend="triton")
+    inp = StepInputs.from_layout(b.layout(), V)
+    shard = z[:, :V // TP].contiguous()
+    it["i"] = 0
+    eager = step.run(shard, inp, plan)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        it["i"] = 0
+        step.run(shard, inp, plan)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    it["i"] = 0
+    with torch.cuda.graph(graph):
+        out = step.run(shard, inp, plan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.sampled, eager.sampled) and torch.equal(out.sampled, outs[0].sampled)
+    assert torch.equal(out.num_sampled, eager.num_sampled)
+    if temp != 1.0:
+        assert not bool(out.uncertified.any())
+    check_graph_step(z, b, V, TP, backend="triton", candidates=cands, escalation="folded",
+                     allow_first_row_deferral=True)
