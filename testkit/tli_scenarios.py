@@ -412,13 +412,17 @@ def tli_placement_collectives(rank: int, target_dir: str, draft_dir: str,
                               rows: int = 4) -> dict:
     """Rank function (``run_tp``): one ``kimi_tli`` draft step of a dense draft,
     sharded like the target and with ``draft_tensor_parallel_size: 1``
-    (collectives, greedy proposals, the draft's o_proj shape)."""
-
-
+    (collectives, greedy proposals, the draft's o_proj shape). Greedy drafting: the
+    draft-TP-1 patches honor draft TP 1 only with it (ranks share draft tokens, not
+    draft probabilities); ``tp1-probabilistic`` is the refused case (sharded, warned)."""
     from .draft_scenarios import _zero_attention
 
     out = {}
-    for name, extra in (("sharded", {}), ("tp1", {"draft_tensor_parallel_size": 1})):
+    cases = (("sharded", {"draft_sample_method": "greedy"}),
+             ("tp1", {"draft_sample_method": "greedy", "draft_tensor_parallel_size": 1}),
+             ("tp1-probabilistic", {"draft_sample_method": "probabilistic",
+                                    "draft_tensor_parallel_size": 1}))
+    for name, extra in cases:
         cfg, spec = build_tli_speculator(target_dir, draft_dir, **extra)
         _zero_attention(spec.model)  # deterministic tokens (metadata-free attention)
         _, _, proposal, summary = _counted_tli_step(cfg, spec, rows)

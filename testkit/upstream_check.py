@@ -302,13 +302,18 @@ def patch_tests(tree: Path) -> list[PatchTests]:
 _HEADER_ONLY = re.compile(r"(\d+ validation errors? for \w+|Regex pattern did not match\.)")
 _SHORTENED = re.compile(r"\s*\[\+\d+ more lines?; full report in element text\]$")
 _SAYS = ("Input:", "Actual message:", "Value error,")
+# A failure in a spawned process (torch.multiprocessing): the header names no error; the
+# child's traceback ends with the exception that says it.
+_CHILD_FAILED = re.compile(r"ProcessRaisedException:?\s*$")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)(:|$)")
 
 
 def _first_line(message: str, text: str = "") -> str:
     """The failure's first line (200 characters at most); for a pydantic validation error
     or a ``pytest.raises(match=...)`` mismatch, whose first line says nothing, joined with
     the line that does (pydantic's ``Value error, ...``, pytest's ``Input:`` / ``Actual
-    message:``), looked up in the message and in the report's ``E`` lines."""
+    message:``), looked up in the message and in the report's ``E`` lines; for a failure
+    in a spawned process, joined with the last exception line of the child's traceback."""
     e_lines = [line[1:].strip() for line in text.splitlines()
                if line.startswith("E ") and line[1:].strip()]
     lines = [line.strip() for line in (message or text).strip().splitlines() if line.strip()]
@@ -317,7 +322,11 @@ def _first_line(message: str, text: str = "") -> str:
     if not lines:
         return ""
     first = _SHORTENED.sub("", lines[0])
-    if _HEADER_ONLY.search(first):
+    if _CHILD_FAILED.search(first):
+        raised = [line for line in lines[1:] + e_lines if _EXCEPTION_LINE.match(line)]
+        if raised:
+            first = f"{first.rstrip(': ')}: {raised[-1]}"
+    elif _HEADER_ONLY.search(first):
         more = lines[1:] + e_lines
         said = next((line for line in more if line.startswith(_SAYS)), None)
         if said:

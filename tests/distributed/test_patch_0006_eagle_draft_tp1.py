@@ -38,17 +38,10 @@ TARGET = TinyKimiSpec()
 ROWS = 2  # DRAFT_TP_ROWS of draft_tp_results (tests/distributed/conftest.py)
 
 
-#: Found after the series was redesigned (this release): 0006's configuration-time MoE
-#: refusal uses ``ModelConfig.is_moe``, which is true for the dense EAGLE-3 MLA head because
-#: Hugging Face's DeepseekV2/V3 configs default ``n_routed_experts`` (64 / 256) when the
-#: head's config omits it, so the Kimi MLA head keeps the sharded draft at draft TP 1 (with
-#: the warning). A defect of the patch, kept visible: strict, so the fix flips it.
-MLA_REFUSED = pytest.mark.xfail(strict=True, reason=(
-    "patch 0006 refuses the dense EAGLE-3 MLA head as a mixture-of-experts draft "
-    "(is_moe reads the DeepSeek config's default n_routed_experts)"))
-
-
-@pytest.mark.parametrize("style", ["llama", pytest.param("mla", marks=MLA_REFUSED)])
+# "mla": a dense EAGLE-3 MLA head whose DeepSeek config carries Hugging Face's default
+# n_routed_experts; it runs whole like the Llama-style head (patch 0006 decides MoE from
+# the draft's layers, not from ModelConfig.is_moe)
+@pytest.mark.parametrize("style", ["llama", "mla"])
 def test_tp1_draft_is_whole_and_silent(draft_tp_results, eagle3_heads, style):
     for rank_res in draft_tp_results:
         res = rank_res[f"{style}-tp1"]

@@ -111,6 +111,21 @@ def test_junit_results_keep_the_first_line_of_each_message(tmp_path):
                                   "tests/t.py::test_c": ("failed", "ImportError: y")}
 
 
+def test_junit_results_say_what_failed_in_a_spawned_process(tmp_path):
+    # torch.multiprocessing's header names no error; the child's last exception line does
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase file="tests/t.py" name="test_a"><failure message="torch.multiprocessing.'
+        'spawn.ProcessRaisedException: &#10;&#10;-- Process 1 terminated with the following '
+        'error:&#10;Traceback (most recent call last):&#10;  File &quot;x.py&quot;, line 3, '
+        'in _worker&#10;    from a import b&#10;ImportError: cannot import name \'b\' from '
+        '\'a\'"/></testcase>'
+        '</testsuite></testsuites>')
+    assert uc._results(junit) == {
+        "tests/t.py::test_a": ("failed", "torch.multiprocessing.spawn.ProcessRaisedException: "
+                               "ImportError: cannot import name 'b' from 'a'")}
+
 def test_junit_results_say_what_a_header_only_first_line_announces(tmp_path):
     junit = tmp_path / "r.xml"
     junit.write_text(
