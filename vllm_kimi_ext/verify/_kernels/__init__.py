@@ -4,9 +4,13 @@
 package imports without Triton.
 
 Importing this package is the one availability guard: without an importable Triton it
-raises an ``ImportError`` that names the way out (``backend="torch"``).
+raises an ``ImportError`` that names the way out (``backend="torch"``). The first import
+defines every kernel at once, so no kernel module is first imported on one thread while
+another launches (Triton's CPU interpreter patches ``triton.language`` during a launch).
 """
 
 from ..backend import require_triton
 
 require_triton()
+
+from . import common, decide, escalate_rows, escalate_split, merge, stats  # noqa: E402, F401
