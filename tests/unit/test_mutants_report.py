@@ -35,8 +35,6 @@ def missing(names: set[str], root: Path = ROOT) -> list[str]:
     return sorted(n for n in names if not (root / n).exists())
 
 
-@pytest.mark.xfail(strict=True, reason="the report predates verify/_hist_kernels.py moving to "
-                   "testkit/ (not shipped): regenerate it with `nox -s mutants` and drop this")
 def test_the_report_names_only_files_that_exist():
     names = named_modules(json.loads((REPORT / "mutants.json").read_text()),
                           json.loads((REPORT / "survivors.json").read_text()),
