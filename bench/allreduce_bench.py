@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.quick:
-        args.reps, args.inner, args.warmup = min(args.reps, 10), min(args.inner, 5), \
-            min(args.warmup, 3)
+        args.reps, args.inner, args.warmup = (min(args.reps, 10), min(args.inner, 5),
+            min(args.warmup, 3))
     if args.backends is None:
         args.backends = "gloo" if args.device == "cpu" else "nccl,flashinfer_pcie_ipc"
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]

@@ -54,11 +54,11 @@ class Package:
 PACKAGES: dict[str, Package] = {
     "verify": Package(
         paths=("vllm_kimi_ext/verify",),
-        # GPU / Triton-interpreter only: no per-mutant CPU test runs them (the escalation's
-        # kernels have their own package below, with the interpreter test)
-        exclude=("vllm_kimi_ext/verify/_triton_kernels.py",
-                 "vllm_kimi_ext/verify/_graph_kernels.py",
-                 "vllm_kimi_ext/verify/_escalate_kernels.py"),
+        # The Triton kernels: GPU / Triton-interpreter only, no per-mutant CPU test runs them
+        # (the split escalation's kernels have their own package below, with the
+        # interpreter test)
+        exclude=tuple(f"vllm_kimi_ext/verify/_kernels/{m}.py" for m in (
+            "__init__", "common", "stats", "merge", "decide", "escalate_rows", "escalate_split")),
         tests=("tests/unit/test_mutants_verify.py", "tests/unit/test_verify_plan.py",
                "tests/unit/test_verify_graph_step.py", "tests/unit/test_verify_step_graphs.py",
                "tests/unit/test_verify_escalation_pins.py", "tests/unit/test_verify_hashing.py",
@@ -70,7 +70,7 @@ PACKAGES: dict[str, Package] = {
     # The split bf16 escalation (its Triton kernels run by Triton's CPU interpreter: about
     # 4 minutes per mutant on a shared 2-core machine).
     "verify_escalation": Package(
-        paths=("vllm_kimi_ext/verify/_escalate_kernels.py",),
+        paths=("vllm_kimi_ext/verify/_kernels/escalate_split.py",),
         tests=("tests/unit/test_verify_escalation_interpreter.py",),
         timeout_s=1200.0),
     # The per-step choice between the sharded verifier and vLLM's batch-sharded sampling.

@@ -60,7 +60,8 @@ import torch
 
 from testkit.verify_cuts import merge_cuts
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
-from vllm_kimi_ext.verify.step_torch import join_float64, local_top, split_float64
+from vllm_kimi_ext.verify.rowmath import join_float64, split_float64
+from vllm_kimi_ext.verify.stats import local_top
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TP = 8

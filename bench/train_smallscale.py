@@ -189,8 +189,8 @@ def run(out: Path, sizes: Sizes, *, seed: int = 0, log=print) -> dict:
         dest = heads / name
         if not (dest / "training.json").is_file():
             t = time.perf_counter()
-            run_cfg = dataclasses.replace(cfg, epochs=epochs) if steps_of is None else \
-                dataclasses.replace(cfg, max_steps=training[steps_of]["steps"])
+            run_cfg = (dataclasses.replace(cfg, epochs=epochs) if steps_of is None else
+                dataclasses.replace(cfg, max_steps=training[steps_of]["steps"]))
             trainer.train(split_dir, target, dest, init=init, config=run_cfg, log=log)
             timings[f"train/{name}"] = time.perf_counter() - t
         rec = json.loads((dest / "training.json").read_text())

@@ -283,8 +283,8 @@ def vision_tensors(s: TinyKimiSpec) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 def _init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Deterministic, well-scaled values (norm weights near 1, biases small)."""
-    if name.endswith(("layernorm.weight", "norm.weight", "enorm.weight", "hnorm.weight"))\
-            or ".norm0." in name or ".norm1." in name:
+    if (name.endswith(("layernorm.weight", "norm.weight", "enorm.weight", "hnorm.weight"))
+            or ".norm0." in name or ".norm1." in name):
         if name.endswith(".bias"):
             return torch.zeros(shape)
         return 1.0 + 0.05 * torch.randn(shape, generator=gen)

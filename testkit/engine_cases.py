@@ -69,8 +69,8 @@ def assert_same_tokens(got: Run, want: Run, what: str) -> None:
     for i, (a, b) in enumerate(zip(got.tokens, want.tokens)):
         assert len(a) == MAX_TOKENS[i], f"{what}: request {i} has {len(a)} tokens"
         first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        assert a == b, f"{what}: request {i} differs from token {first}: {a[first:first + 5]} " \
-                       f"vs {b[first:first + 5]} without speculation"
+        assert a == b, (f"{what}: request {i} differs from token {first}: {a[first:first + 5]} "
+                       f"vs {b[first:first + 5]} without speculation")
 
 
 def cost_model_collectives(*, target_layers: int, hidden: int, vocab: int, k: int,

@@ -67,12 +67,12 @@ def _first_row_positions(drafts: torch.Tensor, n: int, top_p: float) -> torch.Te
 def _seeds_where(n: int, positions: torch.Tensor, ids: torch.Tensor, ok) -> list[int]:
     """For each request, the first seed (from 1 up) whose Gumbel-max over ``ids`` is at a
     position ``ok`` accepts (searched in one vectorised pass per request)."""
-    from vllm_kimi_ext.verify.step_torch import _gumbel_at
+    from vllm_kimi_ext.verify.rowmath import gumbel_at
 
     cands = torch.arange(1, 200_000)
     out = []
     for q in range(n):
-        noise = _gumbel_at(cands, positions[q].expand(cands.shape[0]),
+        noise = gumbel_at(cands, positions[q].expand(cands.shape[0]),
                            ids[None].expand(cands.shape[0], -1))
         hit = ok(noise.argmax(dim=1)).nonzero().squeeze(1)
         out.append(int(cands[hit[q]]))

@@ -2,7 +2,7 @@
 each rank's first ``W`` values (kept for ``bench/topp_fallback.py``, which measures how
 often one round of ``W`` candidates certifies the top-p cut on real logits; the product's
 graph step applies the same certificate in
-:func:`vllm_kimi_ext.verify.step_torch.merge_round1_torch`).
+:func:`vllm_kimi_ext.verify.merge.merge_round1_torch`).
 
 The mask vLLM 0.34.0 applies before rejection sampling (min-p, then top-k, then
 top-p on the temperature-scaled row ``s = z / T``; see
@@ -16,7 +16,7 @@ order: ``s > v`` or ``(s == v and col <= col_v)`` with ``(v, col_v)`` its
 kernels apply.
 
 One round (one all-gather): each rank sends, per row, its first ``W`` values in
-that order (``step_torch.local_top``) and, when some row uses top-p, its shard
+that order (``stats.local_top``) and, when some row uses top-p, its shard
 log-sum-exp in float64 as two float32 halves. Every rank merges the same
 ``[TP, rows, W + 2]`` payload (:func:`merge_cuts`):
 

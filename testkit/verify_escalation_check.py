@@ -1,8 +1,8 @@
-"""The graph step's split bf16 escalation (``verify/_escalate_kernels.py``) run by
-Triton's CPU interpreter: with 2 candidates per rank most nucleus cuts are left
-uncertified, so the histogram walk, the tied tokens kept in id order and the
-chunk merge decide them; each case must equal the full-logits reference on every
-rank (``check_graph_step`` asserts it) and leave every rank's scratch zeroed.
+"""The graph step's split bf16 escalation (``verify/escalate/rows.py``, kernels in
+``verify/_kernels/escalate_split.py``) run by Triton's CPU interpreter: with 2 candidates
+per rank most nucleus cuts are left uncertified, so the histogram walk, the tied tokens
+kept in id order and the chunk merge decide them; each case must equal the full-logits
+reference on every rank (``check_graph_step`` asserts it) and leave every rank's scratch zeroed.
 
     TRITON_INTERPRET=1 python -m testkit.verify_escalation_check [KIND ...]
 
@@ -26,12 +26,12 @@ from testkit.verify_cases import (
     ties_past_the_cut,
 )
 from testkit.verify_graph_sim import check_graph_step, dirty_scratch, recording_step
-from vllm_kimi_ext.verify import _escalate_kernels as ek
-from vllm_kimi_ext.verify import _graph_kernels as gk
+from vllm_kimi_ext.verify import decide as decide_round
+from vllm_kimi_ext.verify._kernels import escalate_split as ek
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
+from vllm_kimi_ext.verify.rowmath import gumbel_at
 from vllm_kimi_ext.verify.step_io import StepInputs
-from vllm_kimi_ext.verify.step_torch import _gumbel_at
 
 V = 211
 CASES = (("ties", "top_p", 7), ("flat", "top_p_min_p", 8), ("ties", "top_p_min_p", 9))
@@ -49,7 +49,7 @@ def _expected(z: torch.Tensor, inp: StepInputs, r: int) -> dict:
     keep = keep[0]
     ids = torch.arange(V)
     x = int(inp.draft[r])
-    score = torch.where(keep & (ids != x), s + _gumbel_at(inp.seeds[r:r + 1],
+    score = torch.where(keep & (ids != x), s + gumbel_at(inp.seeds[r:r + 1],
                                                           inp.positions[r:r + 1], ids[None])[0],
                         torch.tensor(float("-inf")))
     best = score.max()
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ek.CHUNK, ek.WALK = 16, 32
     out = []
     seen: list = []
-    decide = gk.decide_merged
+    decide = decide_round.decide_merged_triton
 
     def spy(merged, deferred, inp, plan, vocab_size):
         seen.append((merged.gidx.clone(), merged.lse.clone(), merged.sx.clone(),
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                      deferred.clone()))
         return decide(merged, deferred, inp, plan, vocab_size)
 
-    gk.decide_merged = spy
+    decide_round.decide_merged_triton = spy
     for kind, mix, seed in CASES + (("tie_at_chunk_end", "top_p", 0),
                                     ("tie_inside_chunk", "top_p", 1)) + PIN_CASES:
         label = f"{kind}_{seed}" if kind == "deep_cut" else f"{kind}_{mix}"

@@ -5,7 +5,7 @@ bins cover every key; its last round also carries whole-row fallback slots).
 The whole-row escalation costs every rank one shard row per escalated row (V / TP values in
 the logits' dtype: 40,960 B for bf16 at V = 163840, TP = 8). This module simulates, in one
 process and one row at a time, the band-limited form of the exchange that replaces it for
-bf16 rows and top-p, tested against :func:`vllm_kimi_ext.verify.step_torch.exact_cut`:
+bf16 rows and top-p, tested against :func:`vllm_kimi_ext.verify.escalate.rows.exact_cut`:
 
 1. **Coarse round.** Every rank sends, for the band of ordered bf16 keys that can hold the
    cut (``s >= m - ln(V / (1 - top_p)) - 1``, ``m`` from round 1, the same band the split

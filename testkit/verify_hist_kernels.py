@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_kimi_ext.verify._triton_kernels import _LAUNCH_LOCK, _okey
+from vllm_kimi_ext.verify._kernels.common import _LAUNCH_LOCK, _okey
 
 #: Columns per program and per block inside it.
 CHUNK = 2048

@@ -47,14 +47,14 @@ import dataclasses
 
 import torch
 
-from vllm_kimi_ext.verify.escalate_folded import HALF_DTYPES, key_values, ordered_key16
+from vllm_kimi_ext.verify.escalate import rows as escalate_rows
+from vllm_kimi_ext.verify.escalate.rows import exact_cut, pick_slots
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
-from vllm_kimi_ext.verify.kernels import merge_argmax, shard_local_stats
 from vllm_kimi_ext.verify.protocol import FLOAT_BYTES, Round, StepPlan
 from vllm_kimi_ext.verify.ranks import AllGather
-from vllm_kimi_ext.verify.rowmath import min_p_threshold, scale_logits
-from vllm_kimi_ext.verify.step_io import StepInputs
-from vllm_kimi_ext.verify.step_torch import Merged, exact_cut, pick_slots
+from vllm_kimi_ext.verify.rowmath import merge_argmax, min_p_threshold, scale_logits
+from vllm_kimi_ext.verify.shard_stats import shard_local_stats
+from vllm_kimi_ext.verify.step_io import Merged, StepInputs
 
 #: The ``"hist"`` escalation's all-gathers per picked row and rank, as
 #: ``(name, elements, element bytes)``: the coarse bins' float64 masses (the high byte of
@@ -75,6 +75,20 @@ DEFAULT_ROW_FALLBACK_SLOTS = 1
 #: below which a row takes a whole-row slot (float64 sums of <= 2**24 terms stay far
 #: within it; the reference's own rounding flips are certified at the same 1e-9).
 EDGE_TOL = 1e-9
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def ordered_key16(z: torch.Tensor) -> torch.Tensor:
+    """int64 ordered key in ``[0, 65536)`` of 16-bit float ``z`` (``-0.0`` keyed as ``+0.0``)."""
+    b = z.view(torch.int16).to(torch.int64)
+    b = torch.where(b == -32768, torch.zeros_like(b), b)
+    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
+
+
+def key_values(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 16-bit float values (``dtype``) of ordered keys (inverse of :func:`ordered_key16`)."""
+    o = key - 32768
+    return (o ^ ((o >> 15) & 0x7FFF)).to(torch.int16).view(dtype)
 
 
 def _walk(mass_desc: torch.Tensor, start: torch.Tensor, target: torch.Tensor):
@@ -300,14 +314,25 @@ def hist_plan(plan: StepPlan, row_fallback_slots: int | None = None) -> StepPlan
     return HistPlan(**fields, row_fallback_slots=max(0, min(fb, plan.escalation_slots)))
 
 
+class HistEscalation:
+    """The ``"hist"`` escalation kind, in the shape of the package's escalation variants
+    (``vllm_kimi_ext.verify.escalate``): one-hot drafts take the histogram rounds, anything
+    else the whole-row escalation."""
+
+    @staticmethod
+    def resolve(rank, logits_shard, inp, plan, merged, q_full, *, scratch, triton):
+        if isinstance(plan, HistPlan) and q_full is None:
+            return escalate_hist(logits_shard, inp, plan, merged, rank.all_gather, rank.rank,
+                                 rank.col_offset, rank.vocab_size,
+                                 "triton" if triton else "torch")
+        return escalate_rows.resolve(rank, logits_shard, inp, plan, merged, q_full,
+                                     scratch=scratch, triton=triton)
+
+
 class HistVerifyStep(GraphVerifyStep):
     """The graph step with the histogram escalation for a :class:`HistPlan`."""
 
-    def _escalate(self, logits_shard, inp, plan, merged, q_full, tri) -> torch.Tensor:
-        if isinstance(plan, HistPlan) and q_full is None:
-            return escalate_hist(logits_shard, inp, plan, merged, self.all_gather, self.rank,
-                                 self.col_offset, self.vocab_size, "triton" if tri else "torch")
-        return super()._escalate(logits_shard, inp, plan, merged, q_full, tri)
+    escalations = {**GraphVerifyStep.escalations, "hist": HistEscalation}
 
 
 class HistStepGraphs(StepGraphs):

@@ -29,7 +29,7 @@ import sys
 import torch
 
 from vllm_kimi_ext.verify.hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
-from vllm_kimi_ext.verify.kernels import (
+from vllm_kimi_ext.verify.shard_stats import (
     masked_scaled_shard,
     shard_local_stats_torch,
     shard_local_stats_triton,
@@ -106,7 +106,7 @@ def check_hash_bits(device: str, n_rows: int = 7, n_cols: int = 4099) -> int:
     """Bit-compare the 32-bit noise hash of the torch and Triton implementations."""
     import triton
 
-    from vllm_kimi_ext.verify._triton_kernels import hash_bits_kernel
+    from vllm_kimi_ext.verify._kernels.common import hash_bits_kernel
     from vllm_kimi_ext.verify.hashing import element_hash
 
     g = torch.Generator().manual_seed(0)
@@ -125,10 +125,10 @@ def check_hash_bits(device: str, n_rows: int = 7, n_cols: int = 4099) -> int:
 def _decide_both(gathered: torch.Tensor, L, V: int, tp: int):
     """The stats-only step's decision from gathered statistics: torch (merge + decide) and
     the Triton decide kernel; each ``(sampled, num_sampled, decision_row, margin)``."""
-    from vllm_kimi_ext.verify import _triton_kernels as tk
+    from vllm_kimi_ext.verify._kernels import decide as kd
+    from vllm_kimi_ext.verify.decide import decide_merged_torch, merge_stats_torch
     from vllm_kimi_ext.verify.protocol import plan_step
     from vllm_kimi_ext.verify.step_io import StepInputs
-    from vllm_kimi_ext.verify.step_torch import decide_merged_torch, merge_stats_torch
 
     inp = StepInputs.from_layout(L, V)
     plan = plan_step(tp_size=tp, shard_width=-(-V // tp), num_rows=L.num_rows,
@@ -141,7 +141,7 @@ def _decide_both(gathered: torch.Tensor, L, V: int, tp: int):
          torch.empty((L.num_reqs,), dtype=torch.int32, device=dev),
          torch.empty((L.num_reqs,), dtype=torch.int64, device=dev),
          torch.empty((L.num_rows,), dtype=torch.float32, device=dev))
-    tk.launch_decide(gathered.float().contiguous(), L.cu_num_rows, L.draft, L.temperature,
+    kd.launch_decide(gathered.float().contiguous(), L.cu_num_rows, L.draft, L.temperature,
                      L.seeds, L.positions, *t, V)
     return a, t
 
@@ -240,8 +240,8 @@ def run_checks(device: str = "cuda", quick: bool = False) -> dict:
         res = compare_stats(a, b, args, off, V, exclude, tie_col=tie)
         if dominant:  # the excluded draft must never be the reported Gumbel-max
             sampling, draft = args[1].cpu() != 0, args[3].cpu()
-            assert not bool(((b[:, 1].cpu().long() == draft) & sampling).any()), \
-                "Triton statistics report the excluded draft as the Gumbel-max"
+            assert not bool(((b[:, 1].cpu().long() == draft) & sampling).any()), (
+                "Triton statistics report the excluded draft as the Gumbel-max")
         res.update(R=R, S=S, V=V, dtype=str(dtype), threshold=thr, splits=splits,
                    exclude=exclude, dominant_drafts=dominant)
         summary["cases"].append(res)

@@ -106,8 +106,8 @@ def replay_steps(num_steps: int, *, max_reqs: int, k: int = 3, V: int = 600,
         assert torch.equal(got[0], exp[0]), f"step {i}: sampled differ"
         if pending is not None:  # step N - 1's tokens, read after step N replayed
             old, (es, en) = pending
-            assert torch.equal(old.sampled.cpu(), es) and torch.equal(old.num_sampled.cpu(), en), \
-                f"step {i - 1}'s tokens changed when step {i} ran"
+            assert torch.equal(old.sampled.cpu(), es) and torch.equal(old.num_sampled.cpu(), en), (
+                f"step {i - 1}'s tokens changed when step {i} ran")
             rep.consumer_checks += 1
         pending = (out, exp)
         rep.steps += 1

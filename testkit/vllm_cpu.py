@@ -206,8 +206,8 @@ def check_mtp_forward(model, vllm_config, hidden_size: int, vocab_size: int) -> 
     ids = torch.tensor([1, 5, 7, vocab_size - 1])
     pos = torch.arange(4)
     prev = torch.randn(4, hidden_size, dtype=torch.bfloat16)
-    with set_current_vllm_config(vllm_config), torch.no_grad(), \
-            set_forward_context(None, vllm_config):
+    with (set_current_vllm_config(vllm_config), torch.no_grad(),
+          set_forward_context(None, vllm_config)):
         hidden, _ = model(ids, pos, prev, inputs_embeds=model.embed_input_ids(ids))
         logits = model.compute_logits(hidden)
     assert hidden.shape == (4, hidden_size)

@@ -151,8 +151,8 @@ def empty_argument(argv: list[str]) -> str | None:
             return f"argument {token[:-1]}"
         if token == "":
             before = argv[i - 1] if i else ""
-            return f"argument {before}" if before.startswith("-") and before != "--" else \
-                f"argument {i + 1} of the command line"
+            return (f"argument {before}" if before.startswith("-") and before != "--" else
+                f"argument {i + 1} of the command line")
     return None
 
 

@@ -34,8 +34,8 @@ from vllm_kimi_ext.user_input import UserInputError
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
-_BOOL_EXPECTED = "one of " + "/".join(TRUE_WORDS) + " (on) or " + "/".join(FALSE_WORDS[:-1]) \
-    + " (off)"
+_BOOL_EXPECTED = ("one of " + "/".join(TRUE_WORDS) + " (on) or " + "/".join(FALSE_WORDS[:-1])
+    + " (off)")
 #: What is stripped around a value: ASCII blanks only (a no-break space is a typo).
 _BLANKS = " \t\r\n"
 #: The largest N a count variable takes (a billion steps or requests: more is a typo).
@@ -239,8 +239,8 @@ def unknown_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """One warning line per unknown ``VLLM_KIMI_EXT*`` variable."""
     lines = []
     for name, close in unknown_names(environ):
-        hint = f"did you mean {close}?" if close else \
-            "known: " + ", ".join(f.name for f in FLAGS)
+        hint = (f"did you mean {close}?" if close else
+            "known: " + ", ".join(f.name for f in FLAGS))
         lines.append(f"{name} is not a vllm-kimi-ext variable and is ignored ({hint})")
     return lines
 

@@ -51,8 +51,8 @@ def slug_numbers(series: list) -> dict[str, str]:
     for entry in series:
         entry = entry if isinstance(entry, dict) else {}
         slug, name = entry.get("slug"), str(entry.get("name"))
-        if not (isinstance(slug, str) and SLUG_RE.fullmatch(slug)) or slug in out \
-                or slug in WITHDRAWN:
+        if (not (isinstance(slug, str) and SLUG_RE.fullmatch(slug)) or slug in out
+                or slug in WITHDRAWN):
             raise PatchSetError(
                 f"vllm_kimi_ext/series.json: patch {name}: field 'slug': expected a unique "
                 f"name of lowercase words and hyphens (not a withdrawn patch's), found "

@@ -603,8 +603,8 @@ def export_series(tree: Path, patch_dir: Path, shipped_series: Path,
         for stale in sorted(old - set(produced)):
             (patch_dir / stale).unlink()
             _progress(f"removed {stale} (no longer on {FORK_BRANCH})")
-        header = "# vLLM 0.34.0 patch series, applied in order with `git am`.\n" \
-                 "# Regenerate with `nox -s apply-patches -- --export`.\n"
+        header = ("# vLLM 0.34.0 patch series, applied in order with `git am`.\n"
+                 "# Regenerate with `nox -s apply-patches -- --export`.\n")
         _write_if_changed(patch_dir / "series",
                           (header + "".join(f"{name}\n" for name in produced)).encode())
         entries = read_series(patch_dir)

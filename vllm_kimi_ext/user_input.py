@@ -176,8 +176,8 @@ def disk_full_refusal(path: str | Path, needed: int | None, *,
         for p in cleanup:
             _remove(Path(p))
         free, needed = _free_bytes(Path(path)), state.needed
-        need = f"about {human_bytes(needed)} needed" if needed is not None else \
-            "more space needed"
+        need = (f"about {human_bytes(needed)} needed" if needed is not None else
+            "more space needed")
         have = f", {human_bytes(free)} free" if free is not None else ""
         raise DiskFullError(
             f"{path}: no space left on the device while {what} ({need}{have}); free space or "

@@ -116,8 +116,8 @@ def positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(
+            f"expected seconds (a number > 0), got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected seconds (a finite number > 0), got {text}")
     return value

@@ -153,8 +153,8 @@ def problems(doc: Any) -> list[str]:
                 out.append(f"{where}.{field}: a dry run times nothing, got {v}")
             elif not doc["dry_run"] and not failed and (v is None or v <= 0):
                 out.append(f"{where}.{field}: expected a positive time, got {v}")
-        if c.get("speedup_vs_vllm") is not None and c.get("ours_graph_us") and \
-                c.get("vllm_graph_us"):
+        if (c.get("speedup_vs_vllm") is not None and c.get("ours_graph_us") and
+                c.get("vllm_graph_us")):
             want = c["vllm_graph_us"] / c["ours_graph_us"]
             if abs(c["speedup_vs_vllm"] - want) > 1e-9 * max(1.0, want):
                 out.append(f"{where}.speedup_vs_vllm: expected vllm_graph_us / ours_graph_us "

@@ -288,14 +288,15 @@ def old_escalation(step) -> str | None:
     """Switch ``step`` to the escalation kernel of one program per row; None when done,
     else why not. Fail closed, as it reads our own step's internals (which may move): the
     step must keep its split-escalation scratch in ``_escalation_scratch`` and hand it to
-    ``_graph_kernels.escalate_one_hot`` as ``store``, whose ``None`` selects the old kernel."""
+    ``escalate.rows.escalate_one_hot_triton`` as ``store``, whose ``None`` selects the old
+    kernel."""
     import inspect
 
-    gk = importlib.import_module("vllm_kimi_ext.verify._graph_kernels")
-    fn = getattr(gk, "escalate_one_hot", None)
+    rows = importlib.import_module("vllm_kimi_ext.verify.escalate.rows")
+    fn = getattr(rows, "escalate_one_hot_triton", None)
     store = inspect.signature(fn).parameters.get("store") if fn is not None else None
     if (not hasattr(step, "_escalation_scratch") or store is None or store.default is not None
-            or "self._escalation_scratch)" not in inspect.getsource(type(step))):
+            or "scratch=self._escalation_scratch" not in inspect.getsource(type(step))):
         return ("not available in this code: GraphVerifyStep has no switch back to the "
                 "one-program-per-row escalation")
     step._escalation_scratch = None

@@ -18,8 +18,8 @@ def test_no_method_is_refused_the_flag():
     assert "enable_adaptive_verification" not in speculative._METHOD_SPECIFIC_OPTIONS
     # the docstring the row contradicts (it says DSpark only)
     src = inspect.getsource(speculative.SpeculativeConfig)
-    assert 'Currently only\n    supported for method="dspark"' in src or \
-        'only supported for method="dspark"' in src.replace("\n    ", " ")
+    assert ('Currently only\n    supported for method="dspark"' in src or
+        'only supported for method="dspark"' in src.replace("\n    ", " "))
 
 
 def test_the_base_speculator_and_the_runner_read_it_for_every_method():

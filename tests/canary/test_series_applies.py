@@ -34,8 +34,8 @@ def test_series_dry_runs_cleanly_against_baseline(tree):
 
 
 def test_imported_tree_carries_the_current_series(tree):
-    assert patchset.tree_is_applied(tree, patchset.read_series(PATCH_DIR)), \
-        f"{tree} is stale: run `nox -s apply-patches`"
+    assert patchset.tree_is_applied(tree, patchset.read_series(PATCH_DIR)), (
+        f"{tree} is stale: run `nox -s apply-patches`")
     shipped = json.loads((REPO / "vllm_kimi_ext" / patchset.SHIPPED_SERIES).read_text())
     for entry in shipped["series"]:
         entry.pop("slug")  # the package's names for the patches; the tree records none

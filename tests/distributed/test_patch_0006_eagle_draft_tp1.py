@@ -63,8 +63,8 @@ def test_sharded_draft_shapes_differ(draft_tp_results, eagle3_heads):
     full = full_shapes(eagle3_heads["llama"][1], "llama")
     assert draft_tp_results[0]["llama"]["built_under_tp"] == 2
     shapes = draft_tp_results[0]["llama"]["shapes"]
-    assert shapes["model.layers.0.self_attn.o_proj.weight"] != \
-        full["model.layers.0.self_attn.o_proj.weight"]
+    assert (shapes["model.layers.0.self_attn.o_proj.weight"] !=
+        full["model.layers.0.self_attn.o_proj.weight"])
 
 
 def test_tp1_head_without_embedding_gets_target_replica(draft_tp_results):

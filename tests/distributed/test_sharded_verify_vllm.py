@@ -30,8 +30,8 @@ def test_sharded_equals_reference_with_one_small_gather(tp2_target_results):
         assert nbytes == 16 * v["rows"]  # 4 float32 per row from this rank
         assert nbytes * 10 < v["stock_gather_bytes_per_rank"]
     # every rank reached the same decisions
-    assert tp2_target_results[0]["verify"]["sharded_tokens"] == \
-        tp2_target_results[1]["verify"]["sharded_tokens"]
+    assert (tp2_target_results[0]["verify"]["sharded_tokens"] ==
+        tp2_target_results[1]["verify"]["sharded_tokens"])
 
 
 def test_top_p_step_is_a_counted_fallback_unless_sharded(tp2_target_results):
@@ -50,8 +50,8 @@ def test_top_p_step_sharded_equals_reference(tp2_target_results):
         assert names == ["stats+candidates", "escalation"]
         assert calls == len(p["sent"])
         assert nbytes == sum(rows * width * eb for _, rows, width, eb in p["sent"])
-    assert tp2_target_results[0]["verify"]["top_p"]["sharded_tokens"] == \
-        tp2_target_results[1]["verify"]["top_p"]["sharded_tokens"]
+    assert (tp2_target_results[0]["verify"]["top_p"]["sharded_tokens"] ==
+        tp2_target_results[1]["verify"]["top_p"]["sharded_tokens"])
 
 
 def test_top_p_escalations_counted(tp2_target_results):
@@ -93,13 +93,13 @@ def test_runner_path_verifies_kimi_top_p_sharded(tp2_target_results):
     for rank, res in enumerate(tp2_target_results):
         r = res["verify"]["runner"]
         for ours, ref in zip(r["tokens"], r["reference_tokens"]):
-            assert ours == ref or (0 < len(ours) < len(ref) and ref[:len(ours)] == ours), \
-                f"rank {rank}: {ours} vs {ref}"
+            assert ours == ref or (0 < len(ours) < len(ref) and ref[:len(ours)] == ours), (
+                f"rank {rank}: {ours} vs {ref}")
         assert r["new_fallbacks"] == {}
         names = [name for name, *_ in r["sent"]]
         assert names == ["stats+candidates", "escalation"]
         calls, nbytes = r["counted"][("tp", "verify", "all_gather")]
         assert calls == len(r["sent"])
         assert nbytes == r["plan_bytes"]
-    assert tp2_target_results[0]["verify"]["runner"]["tokens"] == \
-        tp2_target_results[1]["verify"]["runner"]["tokens"]
+    assert (tp2_target_results[0]["verify"]["runner"]["tokens"] ==
+        tp2_target_results[1]["verify"]["runner"]["tokens"])

@@ -171,8 +171,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in \
-        Path(f"/proc/{pid}/status").read_text().lower()
+    return (Path(f"/proc/{pid}").exists() and "zombie" not in
+        Path(f"/proc/{pid}/status").read_text().lower())
 
 
 def _read_head(path: Path) -> dict:
@@ -241,8 +241,8 @@ def test_a_full_disk_during_a_checkpoint_write_and_a_resume(workspace, whole):
     # torchrun itself prints its ChildFailedError traceback; none comes from the ranks
     assert "vllm_kimi_ext" not in log and "internal error" not in log, log[-3000:]
     assert log.count("draft train: error: ") == 2, log[-3000:]
-    assert "step-000000004: no space left on the device while writing a checkpoint (about " \
-        in log and " needed, " in log, log[-3000:]
+    assert ("step-000000004: no space left on the device while writing a checkpoint (about "
+        in log and " needed, " in log), log[-3000:]
     assert "rank 1: stopped because rank 0 could not write the checkpoint of step 4" in log
     assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["step-000000002"]
     assert not (run / "head").exists()

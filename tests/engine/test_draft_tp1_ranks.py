@@ -84,5 +84,5 @@ def test_every_rank_verifies_rank0_drafts(llama, kind):
         assert_same_tokens(run0, ref, f"{kind}, draft TP 1, rank 0's draft perturbed")
     if kind == "self":
         assert m0["num_accepted_tokens"] == m0["num_draft_tokens"], m0
-        assert m_0["num_accepted_tokens"] < m0["num_accepted_tokens"], \
-            f"perturbing rank 0's draft did not change acceptance: {m_0} vs {m0}"
+        assert m_0["num_accepted_tokens"] < m0["num_accepted_tokens"], (
+            f"perturbing rank 0's draft did not change acceptance: {m_0} vs {m0}")

@@ -384,8 +384,8 @@ def test_kimi_k25_delegates_to_its_language_model(vllm):
     nn.Module.__init__(kimi)
     kimi.language_model = lm
     h = torch.randn(5, 128, generator=gen).to(torch.bfloat16).to(DEVICE)
-    assert torch.equal(kimi.compute_logits_local(h), lm.compute_logits_local(h)), \
-        "KimiK25ForConditionalGeneration.compute_logits_local != its language model's"
+    assert torch.equal(kimi.compute_logits_local(h), lm.compute_logits_local(h)), (
+        "KimiK25ForConditionalGeneration.compute_logits_local != its language model's")
     assert torch.equal(kimi.compute_logits(h), lm.compute_logits(h))
 
 

@@ -17,7 +17,8 @@ import torch
 from testkit.verify_graph_sim import check_graph_step
 from testkit.verify_simulate import plan_for_layout
 from vllm_kimi_ext.verify import GraphVerifyStep, StepInputs, VerifyBatch
-from vllm_kimi_ext.verify.step_torch import merge_round1_torch, round1_payload_torch
+from vllm_kimi_ext.verify.merge import merge_round1_torch, merge_round1_triton
+from vllm_kimi_ext.verify.stats import round1_payload_torch, round1_payload_triton
 
 pytestmark = pytest.mark.gpu
 V, TP = 163840, 8
@@ -40,8 +41,6 @@ def _case(n, temp, top_p, seed, flat=False, dev="cuda"):
 @pytest.mark.parametrize("rank", [0, TP - 1])
 @pytest.mark.parametrize("temp", [1.0, 0.6])
 def test_triton_round1_and_merge_equal_torch(rank, temp):
-    from vllm_kimi_ext.verify import _graph_kernels as gk
-
     b, z = _case(16, temp, 0.95, 3)
     S = V // TP
     step = GraphVerifyStep(V, TP, rank, lambda t: t[None], backend="triton")
@@ -50,7 +49,7 @@ def test_triton_round1_and_merge_equal_torch(rank, temp):
                            vocab_size=V)
     inp = StepInputs.from_layout(L, V)
     shard = z[:, rank * S:(rank + 1) * S].contiguous()
-    a = gk.round1_payload(shard, inp, plan, rank * S, V, None)
+    a = round1_payload_triton(shard, inp, plan, rank * S, V, None)
     t = round1_payload_torch(shard, inp, plan, rank * S, V, None)
     W = plan.candidates
     assert torch.equal(a[:, 5:], t[:, 5:]), "candidates differ"
@@ -60,7 +59,7 @@ def test_triton_round1_and_merge_equal_torch(rank, temp):
     g = torch.stack([t] * TP)  # a synthetic gathered tensor: every rank sent this row
     rv = step.rank_valid(z.device)
     mt = merge_round1_torch(g, inp, plan, V, rv, None)
-    mk = gk.merge_round1(g, inp, plan, V, rv, None)
+    mk = merge_round1_triton(g, inp, plan, V, rv, None)
     assert torch.equal(mt.uncertified.bool(), mk.uncertified.bool())
     assert torch.equal(mt.gidx, mk.gidx)
     assert torch.allclose(mt.lse, mk.lse, rtol=1e-5)

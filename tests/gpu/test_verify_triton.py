@@ -25,7 +25,7 @@ def test_sharded_triton_equals_reference(tp):
     from testkit.verify_equivalence import assert_equivalent
     from testkit.verify_simulate import simulate_sharded_verify
     from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
-    from vllm_kimi_ext.verify.kernels import shard_local_stats_triton
+    from vllm_kimi_ext.verify.shard_stats import shard_local_stats_triton
 
     V, n, k = 32000, 48, 3
     g = torch.Generator().manual_seed(tp)

@@ -85,8 +85,8 @@ def _codes_in_source() -> set[str]:
                 arg = node.args[0]
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     found.add(arg.value)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and node.value[:2] in ("E-", "W-") and node.value.isupper():
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value[:2] in ("E-", "W-") and node.value.isupper()):
                 found.add(node.value)
     return found
 

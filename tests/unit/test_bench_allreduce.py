@@ -90,5 +90,5 @@ def test_gloo_run_on_cpu_is_loadable(tmp_path):
     assert t.latency_us("allreduce", 14336, "gloo") > 0
     data = json.loads(out.read_text())
     assert data["measurement"]["world_size"] == 2
-    assert [p["bytes"] for p in data["backends"]["gloo"]["measurements"]["allreduce"]] == \
-        [14336, 57344]
+    assert ([p["bytes"] for p in data["backends"]["gloo"]["measurements"]["allreduce"]] ==
+        [14336, 57344])

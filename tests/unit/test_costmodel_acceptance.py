@@ -146,8 +146,8 @@ def test_band_sources():
 
 def test_from_spec_forms():
     assert from_spec({"metric": "per_position", "values": [0.5, 0.25]}).tau(2) == 1.75
-    assert from_spec({"metric": "draft_acceptance_rate", "values": 0.5, "k_ref": 2}).tau(2) == \
-        pytest.approx(2.0)
+    assert (from_spec({"metric": "draft_acceptance_rate", "values": 0.5, "k_ref": 2}).tau(2) ==
+        pytest.approx(2.0))
     with pytest.raises(ValueError, match="unknown acceptance metric"):
         from_spec({"metric": "vibes", "values": 1, "k_ref": 3})
 

@@ -171,8 +171,8 @@ def test_fitted_block_must_be_complete(tmp_path):
 
 def test_held_out_points_are_split_by_distance_from_the_fit(report):
     between, unseen = (report.held_out(g) for g in HELD_OUT)
-    assert sorted(r.point.id for r in between + unseen) == \
-        sorted(r.point.id for r in report.split("validation"))
+    assert (sorted(r.point.id for r in between + unseen) ==
+        sorted(r.point.id for r in report.split("validation")))
     fitted = {r.point.run for r in report.split("calibration")}
     assert between and all(r.point.run in fitted for r in between)
     assert unseen and all(r.point.run not in fitted for r in unseen)

@@ -42,8 +42,8 @@ def test_plan_writes_png_and_json(tmp_path, capsys):
     assert ans["evidence"]["level"] == "modelled only"
     assert doc["answer"]["interval"]["coverage"] == 0.8
     no_spec = doc["answer"]["no_speculation"]
-    assert no_spec["interval_tokens_per_s"]["low"] < no_spec["tokens_per_s"] \
-        < no_spec["interval_tokens_per_s"]["high"]
+    assert (no_spec["interval_tokens_per_s"]["low"] < no_spec["tokens_per_s"]
+        < no_spec["interval_tokens_per_s"]["high"])
     assert doc["rows"] and all(r["tokens_per_s"] > 0 for r in doc["rows"])
 
 
@@ -80,8 +80,8 @@ def test_acceptance_from_an_e2e_run(tmp_path, capsys):
     assert rc == 0 and "results.json: run eagle, 50 drafts" in out
     # another draft's acceptance is refused unless the user says so
     rc, _, err = run(["--draft", "zlab-dflash", "--acceptance-from", str(f)], capsys)
-    assert rc == 2 and "measured draft '/models/lightseekorg/kimi-k2.5-eagle3', not --draft " \
-        "zlab-dflash" in err and "--acceptance-any-draft" in err
+    assert (rc == 2 and "measured draft '/models/lightseekorg/kimi-k2.5-eagle3', not --draft "
+        "zlab-dflash" in err and "--acceptance-any-draft" in err)
     rc, out, _ = run(["--draft", "zlab-dflash", "--acceptance-from", str(f),
                       "--acceptance-any-draft"], capsys)
     assert rc == 0 and "results.json: run eagle" in out
@@ -101,8 +101,8 @@ def test_json_outputs_are_strict(tmp_path, capsys):
     assert rc == 0 and doc["compare"]["payback_hours_vs_today"] is None
     from vllm_kimi_ext.costmodel.cli import strict
 
-    assert json.dumps(strict({"a": float("nan"), "b": [float("inf"), 1.5]})) == \
-        '{"a": null, "b": [null, 1.5]}'
+    assert (json.dumps(strict({"a": float("nan"), "b": [float("inf"), 1.5]})) ==
+        '{"a": null, "b": [null, 1.5]}')
 
 
 def test_a_measured_latency_table_replaces_the_shipped_one(tmp_path, capsys):

@@ -30,8 +30,8 @@ def test_committed_docs_are_up_to_date(tmp_path):
                                                       "choosing-a-draft.md"}
     for name in IMAGES:  # written by --write-docs, linked from the docs
         assert (DOCS / IMG / name).read_bytes().startswith(b"\x89PNG")
-        assert f"{IMG}/{name}" in (DOCS / "cost-model.md").read_text() + \
-            (DOCS / "what-to-run.md").read_text()
+        assert (f"{IMG}/{name}" in (DOCS / "cost-model.md").read_text() +
+            (DOCS / "what-to-run.md").read_text())
 
 
 def test_what_to_run_carries_the_caveat_and_the_ranking():

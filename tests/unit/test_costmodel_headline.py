@@ -151,10 +151,10 @@ def test_every_recommendation_line_names_its_evidence_and_source(h):
     src = "joninco/rtx6kpro models/kimi-k26-v6.md @ 28e9f832cb"
     assert h.choice.evidence.short().startswith(f"{WORDS[SIBLING]} ({UPSTREAM_MAIN}; {src})")
     assert src in answer_line(h)
-    assert f"evidence: {WORDS[SIBLING]} ({UPSTREAM_MAIN}; {src})" in \
-        recommendation(h).explanation[0]
-    assert "Evidence: **" + WORDS[SIBLING] in headline_markdown(h) and src in \
-        headline_markdown(h)
+    assert (f"evidence: {WORDS[SIBLING]} ({UPSTREAM_MAIN}; {src})" in
+        recommendation(h).explanation[0])
+    assert ("Evidence: **" + WORDS[SIBLING] in headline_markdown(h) and src in
+        headline_markdown(h))
     text = (ROOT / "docs" / "what-to-run.md").read_text()
     table = text.split("## Every draft, ranked by evidence", 1)[1].split("\n## ", 1)[0]
     rows = [ln for ln in table.splitlines() if ln.startswith("| `")]

@@ -75,8 +75,8 @@ def test_derived_allgather_and_auto_crossover():
     t = load_latency_table("rtx-pro-6000-pcie-switch-x8")
     # no all-gather was measured: NCCL's ring all-gather of S costs an all-reduce of S/2
     assert "allgather" not in t.curves["nccl"]
-    assert t.latency_us("allgather", 2 * 262144, "nccl") == \
-        pytest.approx(t.latency_us("allreduce", 262144, "nccl"))
+    assert (t.latency_us("allgather", 2 * 262144, "nccl") ==
+        pytest.approx(t.latency_us("allreduce", 262144, "nccl")))
     # luke's kernel benchmarks itself against NCCL: min of both
     for size in (256, 8192, 32768, 65536, 262144):
         assert t.latency_us("allreduce", size, "custom_oneshot") == pytest.approx(min(
@@ -92,8 +92,8 @@ def test_a_deployment_cutoff_replaces_the_crossover():
     own = t.curves["custom_oneshot"]["allreduce"](114688)
     assert forced.latency_us("allreduce", 114688, "custom_oneshot") == pytest.approx(own)
     assert own > t.latency_us("allreduce", 114688, "nccl")  # NCCL would have been faster
-    assert forced.latency_us("allreduce", 200000, "custom_oneshot") == \
-        t.latency_us("allreduce", 200000, "nccl")
+    assert (forced.latency_us("allreduce", 200000, "custom_oneshot") ==
+        t.latency_us("allreduce", 200000, "nccl"))
 
 
 def test_the_issue_anchors_are_reproduced():

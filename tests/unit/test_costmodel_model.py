@@ -152,10 +152,10 @@ def test_distinct_experts_limits(cm):
             prev = e
         assert m.expected_distinct_experts(1, skew=1.0, popularity=pop) == pytest.approx(8.0)
     # popularity 0 is exactly the uniform formula
-    assert m.expected_distinct_experts(4, skew=1.0, batch=4) == \
-        pytest.approx(384 * (1 - (1 - 8 / 384) ** 4))
-    assert m.expected_distinct_experts(64, skew=1, popularity=0.8, batch=64) < \
-        m.expected_distinct_experts(64, skew=1, batch=64)
+    assert (m.expected_distinct_experts(4, skew=1.0, batch=4) ==
+        pytest.approx(384 * (1 - (1 - 8 / 384) ** 4)))
+    assert (m.expected_distinct_experts(64, skew=1, popularity=0.8, batch=64) <
+        m.expected_distinct_experts(64, skew=1, batch=64))
     # one sequence's verified tokens (correlated) touch fewer experts than independent ones
     assert cm.distinct_experts(4, 1) < cm.distinct_experts(4, 4)
 
@@ -166,8 +166,8 @@ def test_sharded_verifier_never_more_than_gather(cm):
             g = cm.verification(rows, "gather", be)
             s = cm.verification(rows, "sharded", be)
             assert sum(t.comm_bytes for t in s) <= sum(t.comm_bytes for t in g)
-            assert sum(t.comm_bytes_per_rank for t in s) == \
-                rows * SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK
+            assert (sum(t.comm_bytes_per_rank for t in s) ==
+                rows * SHARDED_VERIFIER_BYTES_PER_ROW_PER_RANK)
             assert sum(t.time_s for t in s) <= sum(t.time_s for t in g)
     g = cm.verification(4, "gather", "nccl")
     assert sum(t.comm_bytes for t in g) == 4 * 163840 * 2  # 1.3 MB at B=1, k=3

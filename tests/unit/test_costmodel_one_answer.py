@@ -64,8 +64,8 @@ def test_bench_section_prints_the_headline(section):
         lines = _recommended_lines(text)
         assert lines and set(lines) == {describe(h.plan)}, lines
     data = outcome.data["answer"]
-    assert (data["draft"], data["k"], data["placement"], data["verifier"], data["backend"]) \
-        == (h.draft.name, h.plan.k, h.plan.placement, h.plan.verifier, h.plan.backend)
+    assert ((data["draft"], data["k"], data["placement"], data["verifier"], data["backend"])
+        == (h.draft.name, h.plan.k, h.plan.placement, h.plan.verifier, h.plan.backend))
     assert data["tokens_per_s_point"] == pytest.approx(h.choice.tps["point"], abs=0.05)
     assert data["evidence"] == h.choice.evidence.level
     assert f"**{data['tokens_per_s_point']:.0f} tok/s**" in readme
@@ -152,10 +152,10 @@ def test_committed_reports_match_the_code(report, section):
     outcome, out, _ = section
     stale = ("is stale against the cost model: regenerate the report (nox -s bench -- --out "
              f"bench/reports/{report.name}) or delete it")
-    assert (report / "costmodel-plan.md").read_text() == (out / "costmodel-plan.md").read_text(), \
-        f"{report.name}/costmodel-plan.md {stale}"
-    assert outcome.markdown in (report / "report.md").read_text(), \
-        f"{report.name}/report.md's cost-model section {stale}"
+    assert (report / "costmodel-plan.md").read_text() == (out / "costmodel-plan.md").read_text(), (
+        f"{report.name}/costmodel-plan.md {stale}")
+    assert outcome.markdown in (report / "report.md").read_text(), (
+        f"{report.name}/report.md's cost-model section {stale}")
 
 
 def test_serve_commands_are_complete():
@@ -182,8 +182,8 @@ def test_serve_commands_are_complete():
                 blocks += 1
                 assert '"attention_backend": "TRITON_ATTN"' in block, doc.name
                 assert '"model": "z-lab/Kimi-K2.5-DFlash"' in block, doc.name
-                assert "draft rope-config --draft /models/Kimi-K2.5-DFlash --out " \
-                    "/models/Kimi-K2.5-DFlash-rope-1.4159 --attention-factor 1.4159" in block
+                assert ("draft rope-config --draft /models/Kimi-K2.5-DFlash --out "
+                    "/models/Kimi-K2.5-DFlash-rope-1.4159 --attention-factor 1.4159" in block)
                 assert '"model": "/models/Kimi-K2.5-DFlash-rope-1.4159"' in block, doc.name
     assert blocks
 
@@ -201,8 +201,8 @@ def test_a_serve_command_that_needs_the_plugin_enables_it():
     req = requirements(cm, plan)
     assert req and all(r.buildable for r in req)  # it needs this project's patches
     cmd = serve_command(plan, req)
-    assert cmd.startswith("VLLM_KIMI_EXT=1 vllm serve") and \
-        '"draft_tensor_parallel_size": 1' in cmd
+    assert (cmd.startswith("VLLM_KIMI_EXT=1 vllm serve") and
+        '"draft_tensor_parallel_size": 1' in cmd)
     stock = Plan(k=3, draft=load_draft("lightseek-eagle3"), batch=1, context=1024)
     assert not serve_command(stock, requirements(cm, stock)).startswith("VLLM_KIMI_EXT")
 
@@ -226,5 +226,5 @@ def test_every_answer_names_its_evidence():
     ran = public_status(Plan(k=5, draft=twin, batch=1, context=1024, backend="nccl"))
     assert ran.startswith("**measured: this checkpoint on this box class (stock vLLM "
                           "0.34.0)**") and "@" in ran
-    assert public_status(Plan(k=6, draft=twin, batch=1, context=1024, backend="nccl")) \
-        .startswith("**modelled only")  # another k is another configuration
+    assert (public_status(Plan(k=6, draft=twin, batch=1, context=1024, backend="nccl"))
+        .startswith("**modelled only"))  # another k is another configuration

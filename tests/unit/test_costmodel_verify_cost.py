@@ -157,8 +157,8 @@ def _small(tmp_path: Path) -> vc.VerifyMeasurements:
 def _ag_us(cm, total_bytes):
     """An NCCL all-gather of ``total_bytes``: the latency table's all-reduce of half the
     bytes (a ring all-gather moves half an all-reduce's traffic) + the fitted overhead."""
-    return cm.latency.latency_us("allreduce", total_bytes / 2, "nccl") + \
-        cm.params.collective_overhead_us
+    return (cm.latency.latency_us("allreduce", total_bytes / 2, "nccl") +
+        cm.params.collective_overhead_us)
 
 
 def test_pricing_equals_an_independent_computation(cm, tmp_path):
@@ -276,8 +276,8 @@ def test_recommender_never_offers_a_verifier_measured_slower(cm, tmp_path, monke
     for o in sharded:
         for mode in vc.KIMI_MODES:
             p = o.plan
-            assert vc.price(cm, m, "sharded", batch, p.k, mode).total_us < \
-                vc.price(cm, m, "stock", batch, p.k, mode).total_us
+            assert (vc.price(cm, m, "sharded", batch, p.k, mode).total_us <
+                vc.price(cm, m, "stock", batch, p.k, mode).total_us)
     assert bool(sharded) == (batch > 1)  # k = 3 at batch 1 is 4 rows, where it loses
 
 
@@ -381,8 +381,8 @@ def test_docs_generator_copies_the_checked_report_into_the_package(tmp_path, mon
 @pytest.mark.parametrize("name, packaged", [(vc.REPORT_NAME, vm.DEFAULT_REPORT)])
 def test_package_copy_equals_the_checkout_report(name, packaged):
     bench = REPO / name
-    assert bench.is_file() == packaged.is_file(), \
-        f"{packaged} and {name} must both exist or neither: run nox -s docs"
+    assert bench.is_file() == packaged.is_file(), (
+        f"{packaged} and {name} must both exist or neither: run nox -s docs")
     if bench.is_file():
         assert packaged.read_bytes() == bench.read_bytes(), "stale package copy: nox -s docs"
 
@@ -458,6 +458,6 @@ def test_crossover_against_batch_sharded_sampling_per_mode(cm):
             assert bs.total_us < sh.total_us, (mode, b)
         if c > 1:
             prev = c - 1
-            assert vc.price(cm, meas, "batch_sharded", prev, 3, mode).total_us >= \
-                vc.price(cm, meas, "sharded", prev, 3, mode).total_us
+            assert (vc.price(cm, meas, "batch_sharded", prev, 3, mode).total_us >=
+                vc.price(cm, meas, "sharded", prev, 3, mode).total_us)
         assert f"| {vc.CROSSOVER_MODE_WORDS[mode]} | 3 | batch {c} |" in block

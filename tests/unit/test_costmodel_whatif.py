@@ -144,8 +144,8 @@ def test_nccl_simple_curve_is_today_times_the_published_ratio():
         assert simple.latency_us("allreduce", nbytes, "nccl") == pytest.approx(
             cm.latency.latency_us("allreduce", nbytes, "nccl") * before / after)
     big = 1 << 24  # above the measured sizes: unchanged (nothing measured there)
-    assert simple.latency_us("allreduce", big, "nccl") == \
-        cm.latency.latency_us("allreduce", big, "nccl")
+    assert (simple.latency_us("allreduce", big, "nccl") ==
+        cm.latency.latency_us("allreduce", big, "nccl"))
 
 
 def test_nccl_simple_ratio_between_measured_sizes_is_linear_in_log_bytes():

@@ -82,8 +82,8 @@ def _scan() -> list[str]:
 def test_no_function_is_used_nowhere():
     found = _scan()
     dead = [f for f in found if f.rpartition(": ")[2] not in PENDING]
-    assert dead == [], "delete these (or say who calls them in CALLED_FROM_OUTSIDE):\n" \
-        + "\n".join(dead)
+    assert dead == [], ("delete these (or say who calls them in CALLED_FROM_OUTSIDE):\n"
+        + "\n".join(dead))
     stale = sorted(set(PENDING) - {f.rpartition(": ")[2] for f in found})
     assert stale == [], f"no longer dead: remove {stale} from PENDING"
 
@@ -116,7 +116,7 @@ TEST_ONLY_ALLOWED: dict[str, str] = {
                                 "interval",
     "verify/ranks.py:num_calls": "CountingAllGather, the collective accounting of a step",
     "verify/ranks.py:bytes_sent": "CountingAllGather, the collective accounting of a step",
-    "verify/_triton_kernels.py:hash_bits_kernel": "the Triton twin of hashing.py's bits, "
+    "verify/_kernels/common.py:hash_bits_kernel": "the Triton twin of hashing.py's bits, "
                                                   "pinned by the GPU tier",
     "integration/sharded_verify/gate.py:ineligibility": "the gate's answer as a reason "
                                                         "string (the canary asks it)",

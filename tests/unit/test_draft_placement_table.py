@@ -12,8 +12,8 @@ DOC = DOCS / pt.DOC_NAME
 
 
 def test_committed_table_is_up_to_date():
-    assert DOC.read_text() == pt.render(), \
-        "regenerate: python -m vllm_kimi_ext.costmodel.placement_table --write-docs docs/"
+    assert DOC.read_text() == pt.render(), (
+        "regenerate: python -m vllm_kimi_ext.costmodel.placement_table --write-docs docs/")
     assert pt.main(["--check-docs", str(DOCS)]) == 0
 
 

@@ -96,8 +96,8 @@ def test_effective_factor_follows_vllm_0_34_rules():
     uneven = {**rope, "mscale": 2.0, "mscale_all_dim": 1.0}
     want = (0.2 * math.log(64) + 1) / (0.1 * math.log(64) + 1)
     assert effective_attention_factor(uneven)[0] == pytest.approx(want) != 1.0
-    assert effective_attention_factor({**rope, "mscale_all_dim": None})[0] == \
-        pytest.approx(PLAIN_YARN_64)  # one of them missing: plain YaRN
+    assert (effective_attention_factor({**rope, "mscale_all_dim": None})[0] ==
+        pytest.approx(PLAIN_YARN_64))  # one of them missing: plain YaRN
     assert effective_attention_factor({**rope, "attention_factor": 1.3})[0] == 1.3
 
 
@@ -107,8 +107,8 @@ def test_copy_carries_the_trained_factor_and_links_the_rest(tmp_path, capsys):
     assert main(["draft", "rope-config", "--draft", str(draft), "--out", str(out)]) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["rope_scaling"]["attention_factor"] == pytest.approx(PLAIN_YARN_64)
-    assert {k: v for k, v in cfg["rope_scaling"].items() if k != "attention_factor"} == \
-        dflash_config()["rope_scaling"]  # nothing else changed
+    assert ({k: v for k, v in cfg["rope_scaling"].items() if k != "attention_factor"} ==
+        dflash_config()["rope_scaling"])  # nothing else changed
     assert os.path.islink(out / "model.safetensors")
     assert (out / "model.safetensors").read_bytes() == b"weights"
     line = capsys.readouterr().out
@@ -170,14 +170,14 @@ def _bad(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return ["--draft", str(draft), "--out", str(out)], "model_type kimi_k2"
     if case == "mla-factor-1":  # 1.0 would switch it to deepseek_llama_scaling
         write_draft(draft, mla_head_config())
-        return ["--draft", str(draft), "--out", str(out), "--attention-factor", "1"], \
-            "deepseek_llama_scaling"
+        return (["--draft", str(draft), "--out", str(out), "--attention-factor", "1"],
+            "deepseek_llama_scaling")
     if case == "both-dicts-differ":
         cfg = dflash_config()
         cfg["rope_parameters"] = {**cfg["rope_scaling"], "factor": 32.0}
         write_draft(draft, cfg)
-        return ["--draft", str(draft), "--out", str(out)], \
-            "rope_scaling and rope_parameters both present and different in factor"
+        return (["--draft", str(draft), "--out", str(out)],
+            "rope_scaling and rope_parameters both present and different in factor")
     write_draft(draft)
     if case == "out-exists":
         out.mkdir()
@@ -188,14 +188,14 @@ def _bad(tmp_path: Path, case: str) -> tuple[list[str], str]:
     if case == "out-parent-missing":
         return ["--draft", str(draft), "--out", str(tmp_path / "a" / "b")], "parent"
     if case == "factor-zero":
-        return ["--draft", str(draft), "--out", str(out), "--attention-factor", "0"], \
-            "--attention-factor"
+        return (["--draft", str(draft), "--out", str(out), "--attention-factor", "0"],
+            "--attention-factor")
     if case == "factor-nan":
-        return ["--draft", str(draft), "--out", str(out), "--attention-factor", "nan"], \
-            "--attention-factor"
+        return (["--draft", str(draft), "--out", str(out), "--attention-factor", "nan"],
+            "--attention-factor")
     if case == "factor-prints-as-zero":
-        return ["--draft", str(draft), "--out", str(out), "--attention-factor", "0.00004"], \
-            "prints as 0.0000"
+        return (["--draft", str(draft), "--out", str(out), "--attention-factor", "0.00004"],
+            "prints as 0.0000")
     raise AssertionError(case)
 
 

@@ -212,8 +212,8 @@ def test_a_misspelt_variable_is_named_with_the_closest_known_name(flag):
     wrong = _misspelt(flag.name)
     assert envs.unknown_names({wrong: "1", flag.name: "1"}) == [(wrong, flag.name)]
     (line,) = envs.unknown_warnings({wrong: "1"})
-    assert line.startswith(f"{wrong} is not a vllm-kimi-ext variable") and \
-        f"did you mean {flag.name}?" in line and "\n" not in line
+    assert (line.startswith(f"{wrong} is not a vllm-kimi-ext variable") and
+        f"did you mean {flag.name}?" in line and "\n" not in line)
 
 
 def test_a_far_off_name_lists_the_known_ones_and_other_prefixes_are_ignored():

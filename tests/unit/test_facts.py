@@ -66,15 +66,15 @@ def _modules_with_literals(values: set[int], tokens: set[str] = frozenset()) -> 
 
 def test_kimi_dims_are_not_repeated_as_literals():
     found = _modules_with_literals(_forbidden_values())
-    assert found - LITERAL_ALLOW_LIST == set(), \
-        "read these from vllm_kimi_ext.facts (target_dims, draft_shape) instead of a literal"
+    assert found - LITERAL_ALLOW_LIST == set(), (
+        "read these from vllm_kimi_ext.facts (target_dims, draft_shape) instead of a literal")
     assert LITERAL_ALLOW_LIST - found == set(), "stale allow-list entries: remove them"
 
 
 def test_kimi_special_tokens_are_not_repeated_as_literals():
     found = _modules_with_literals(set(), set(facts.special_tokens().all))
-    assert found - TOKEN_ALLOW_LIST == set(), \
-        "read these from vllm_kimi_ext.facts.special_tokens() instead of a literal"
+    assert found - TOKEN_ALLOW_LIST == set(), (
+        "read these from vllm_kimi_ext.facts.special_tokens() instead of a literal")
     assert TOKEN_ALLOW_LIST - found == set(), "stale allow-list entries: remove them"
 
 

@@ -24,7 +24,7 @@ REASON_PREFIX = "Long because:"
 ALLOW_LIST = {
     "testkit/checkpoints.py::write_tiny_eagle3",
     "testkit/tokenizers.py::write_kimi_tokenizer",
-    "vllm_kimi_ext/verify/_triton_kernels.py::_stats_kernel",
+    "vllm_kimi_ext/verify/_kernels/stats.py::_stats_kernel",
 }
 
 

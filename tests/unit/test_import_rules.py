@@ -9,6 +9,14 @@
 * **the oracle stands apart**: ``verify/reference.py`` imports only torch, the noise both
   sides share (``verify/hashing.py``) and its own batch layout (``verify/batch.py``), and
   no other module of the package imports it;
+* **the step by round**: each round of the step (``verify/stats.py``, ``merge.py``,
+  ``escalate/``, ``decide.py``, ``residual.py``) imports only the shared layer
+  (:data:`ROUND_SHARED`: the contract, the row math, the step's device tensors, the noise,
+  the backend switch, the shard geometry, the fused shard statistics), its own package and
+  the Triton kernels, never another round; only the rounds and ``shard_stats.py`` import
+  the kernels (``verify/_kernels/``), and nothing under ``verify/`` outside the kernels,
+  the rounds and the backend switch imports ``triton``; the escalation's registry names
+  exactly the contract's escalation kinds;
 * **one step contract**: ``verify/protocol.py`` imports no torch (the cost model reads it),
   the cost model's verify price imports it, and no other module defines one of its
   constants again (by name, or as a module-level literal equal to a distinctive value of
@@ -149,6 +157,61 @@ def mirrors(sources):
     return sorted(out)
 
 
+V = "vllm_kimi_ext.verify."
+#: The step's rounds (package-relative paths; a folder holds one round's variants).
+ROUNDS = ("verify/stats.py", "verify/merge.py", "verify/escalate/", "verify/decide.py",
+          "verify/residual.py")
+#: What a round may import besides torch, its own package and the Triton kernels.
+ROUND_SHARED = tuple(V + m for m in ("protocol", "rowmath", "step_io", "hashing", "backend",
+                                     "ranks", "shard_stats"))
+KERNELS = V + "_kernels"
+#: The modules that launch Triton kernels.
+LAUNCHERS = (*ROUNDS, "verify/shard_stats.py")
+
+
+def _round_of(rel: str) -> str | None:
+    return next((r for r in ROUNDS if rel == r or (r.endswith("/") and rel.startswith(r))), None)
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def rounds_apart(sources):
+    """A round imports the shared layer, its own package and the kernels only."""
+    out = []
+    for rel, src in sources.items():
+        r = _round_of(rel)
+        if r is None:
+            continue
+        own = V + r[len("verify/"):].removesuffix(".py").rstrip("/").replace("/", ".")
+        for line, name in _imports(rel, src):
+            if not name.startswith("vllm_kimi_ext"):
+                continue
+            if not (any(_under(name, m) for m in (*ROUND_SHARED, KERNELS, own))):
+                out.append(f"{rel}:{line}: imports {name} (a round imports the shared "
+                           "layer, its own package and the kernels only)")
+    return sorted(out)
+
+
+def kernels_behind_the_launchers(sources):
+    """Only the rounds and the fused shard statistics import the Triton kernels; only the
+    kernels and the backend switch import triton."""
+    out = []
+    for rel, src in sources.items():
+        in_kernels = rel.startswith("verify/_kernels/")
+        for line, name in _imports(rel, src):
+            if (_under(name, KERNELS) and not in_kernels
+                    and not any(rel == x or (x.endswith("/") and rel.startswith(x))
+                                for x in LAUNCHERS)):
+                out.append(f"{rel}:{line}: imports the Triton kernels ({name})")
+            if (name.split(".")[0] == "triton" and rel.startswith("verify/") and not in_kernels
+                    and rel != "verify/backend.py" and not _round_of(rel)
+                    and rel != "verify/shard_stats.py"):
+                out.append(f"{rel}:{line}: imports triton")
+    return sorted(out)
+
+
 def protocol_torch_free(sources):
     return [f"{PROTOCOL}:{line}: imports {name}" for line, name in
             _imports(PROTOCOL, sources[PROTOCOL])
@@ -164,6 +227,8 @@ RULES = {
     "reference -/-> product, product -/-> reference": reference_apart,
     "nothing mirrors the step contract": mirrors,
     "the step contract is torch-free": protocol_torch_free,
+    "a round imports no other round": rounds_apart,
+    "the kernels sit behind the launchers": kernels_behind_the_launchers,
 }
 @pytest.mark.parametrize("rule", list(RULES))
 def test_the_package_keeps_its_arrows(rule):
@@ -182,6 +247,10 @@ PLANTS = {
     "nothing mirrors the step contract": ("costmodel/verify_cost.py",
                                           "ROUND1_BYTES_PER_ROW = (5 + 2 * 128) * 4\n"),
     "the step contract is torch-free": (PROTOCOL, "import torch\n"),
+    "a round imports no other round": ("verify/decide.py",
+                                       "from .merge import merge_round1_torch\n"),
+    "the kernels sit behind the launchers": ("verify/graph_step.py",
+                                             "def f():\n    from ._kernels import merge\n"),
 }
 
 
@@ -196,7 +265,7 @@ def test_each_rule_fires_on_a_planted_arrow(rule):
 def test_more_plants_of_the_two_subtle_rules():
     sources = _sources()
     product = dict(sources)
-    product["verify/step_torch.py"] += "\nfrom .reference import sampling_keep_mask\n"
+    product["verify/merge.py"] += "\nfrom .reference import sampling_keep_mask\n"
     assert any("imports the oracle" in h for h in reference_apart(product))
     renamed = dict(sources)
     renamed["costmodel/verify_cost.py"] += ("\nESC_BYTES = {\"top_p_T1\": 1.0, "
@@ -208,3 +277,24 @@ def test_more_plants_of_the_two_subtle_rules():
     cut["costmodel/verify_cost.py"] = cut["costmodel/verify_cost.py"].replace(
         "from vllm_kimi_ext.verify import protocol", "protocol = None")
     assert any("does not read" in h for h in mirrors(cut))
+
+
+def test_more_plants_of_the_round_rules():
+    sources = _sources()
+    variant = dict(sources)  # an escalation variant reaching into round 1's merge
+    variant["verify/escalate/rows.py"] += "\nfrom ..merge import merge_round1_torch\n"
+    assert any("escalate/rows.py" in h for h in rounds_apart(variant))
+    own = dict(sources)  # a variant importing its own package's registry is fine
+    own["verify/escalate/rows.py"] += "\ndef f():\n    from . import VARIANTS\n"
+    assert rounds_apart(own) == []
+    tri = dict(sources)
+    tri["verify/graph_step.py"] += "\nimport triton\n"
+    assert any("imports triton" in h for h in kernels_behind_the_launchers(tri))
+
+
+def test_the_escalation_registry_is_the_contracts_kinds():
+    from vllm_kimi_ext.verify import escalate
+
+    assert tuple(escalate.VARIANTS) == protocol.ESCALATIONS
+    for kind, module in escalate.VARIANTS.items():
+        assert callable(module.resolve), kind

@@ -213,8 +213,8 @@ def test_shipped_series_is_well_formed():
     assert entries, "the series must hold at least one patch"
     for e in entries:
         text = (PATCH_DIR / e.name).read_text()
-        assert text.startswith("From 0000000000000000000000000000000000000000"), \
-            f"{e.name} is not a `git format-patch --zero-commit` file"
+        assert text.startswith("From 0000000000000000000000000000000000000000"), (
+            f"{e.name} is not a `git format-patch --zero-commit` file")
         assert "Signed-off-by:" in text, f"{e.name} lacks a DCO sign-off"
 
 
@@ -270,8 +270,8 @@ def test_package_series_record_matches_the_patches_folder():
     shipped = json.loads(SHIPPED.read_text())
     entries = patchset.read_series(PATCH_DIR)
     assert [{"name": e["name"], "sha256": e["sha256"]} for e in shipped["series"]] == [
-        {"name": e.name, "sha256": e.sha256} for e in entries], \
-        "vllm_kimi_ext/series.json is stale: run `nox -s apply-patches -- --export`"
+        {"name": e.name, "sha256": e.sha256} for e in entries], (
+        "vllm_kimi_ext/series.json is stale: run `nox -s apply-patches -- --export`")
     assert shipped["digest"] == patchset.series_record(entries, {})["digest"]
     assert shipped["vllm_version"] == patchset.VLLM_VERSION
     touched = set()
@@ -315,8 +315,8 @@ def test_export_keeps_slugs_by_subject_and_derives_new_ones(fake_vllm, tmp_path)
     _git(fake_vllm, "commit", "-q", "--amend", "-m", "[B] second, reworded")
     patchset.export_series(fake_vllm, pdir, shipped)
     assert slugs() == [("0001", "z-zeroth"), ("0002", "a-first"), ("0003", "second-change")]
-    assert patchset.derive_slug("0012-Spec-Decode-Load-DeepSeek-typed-MTP-directories-for-.patch") \
-        == "spec-decode-load-deepseek-typed-mtp-directories-for"
+    assert (patchset.derive_slug("0012-Spec-Decode-Load-DeepSeek-typed-MTP-directories-for-.patch")
+        == "spec-decode-load-deepseek-typed-mtp-directories-for")
 
 
 def test_slugs_stay_unique():
@@ -547,8 +547,8 @@ def forbidden_additions(patch_dir: Path) -> list[str]:
     out = []
     for patch in sorted(patch_dir.glob("*.patch")):
         for line in patch.read_text().splitlines():
-            if line.startswith("+") and not line.startswith("+++") \
-                    and FORBIDDEN_IN_SERIES.search(line):
+            if (line.startswith("+") and not line.startswith("+++")
+                    and FORBIDDEN_IN_SERIES.search(line)):
                 out.append(f"{patch.name}: {line[1:].strip()}")
     return out
 

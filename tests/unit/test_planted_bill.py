@@ -43,8 +43,8 @@ def test_kimi_head_flops_per_token_from_its_matrices():
     head = b.LIGHTSEEK_HEAD
     assert head["hidden"] == 7168 and head["draft_vocab"] == 163840  # Kimi-K2.5 config
     for depths in (1, 3):
-        assert b.draft_train_flops_per_token(head, ttt_steps=depths) == \
-            _independent_flops_per_token(head, depths)
+        assert (b.draft_train_flops_per_token(head, ttt_steps=depths) ==
+            _independent_flops_per_token(head, depths))
     # by hand, so a wrong shape above cannot hide: trained MACs fc 154,140,672 + q 117,440,512
     # + k, v 2 x 14,680,064 + o 58,720,256 + MLP 264,241,152 = 623,902,720; lm_head
     # 1,174,405,120 MACs; 3 x (6 x 623,902,720 + 4 x 1,174,405,120) + 2 x 1,174,405,120

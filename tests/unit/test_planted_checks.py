@@ -122,5 +122,5 @@ def test_verification_bytes_match_the_verifiers_own_plan(cm, rows):
     assert sum(t.comm_bytes for t in full) == gathers * rows * 2 * vocab
     assert sum(t.comm_bytes_per_rank for t in full) == gathers * rows * 2 * vocab / tp
     # the saving the README quotes: 2 x V bytes vs 16 x TP bytes received per row
-    assert sum(t.comm_bytes for t in full) / sum(t.comm_bytes for t in sharded) == \
-        pytest.approx(2 * vocab / (16 * tp))
+    assert (sum(t.comm_bytes for t in full) / sum(t.comm_bytes for t in sharded) ==
+        pytest.approx(2 * vocab / (16 * tp)))

@@ -34,8 +34,8 @@ def test_every_runtime_module_holds_patches_of_the_class_it_is_named_after():
     assert {d.module for d in declared} == set(runtime.module_names())
     for d in declared:
         assert d.module == _snake(d.target), f"{d.ref}: module should be {_snake(d.target)}.py"
-        assert d.name.startswith(d.target) and d.name != d.target, \
-            f"{d.ref}: name it {d.target}<What>"
+        assert d.name.startswith(d.target) and d.name != d.target, (
+            f"{d.ref}: name it {d.target}<What>")
 
 
 def test_every_patch_is_installed_by_exactly_one_feature():
@@ -50,8 +50,8 @@ def test_no_two_patches_share_an_attribute():
     for d in runtime.declared_patches():
         for attr in d.attributes:
             key = (d.target, attr)
-            assert key not in owner, f"{d.target}.{attr}: {owner[key]} and {d.name} " \
-                "(extend the first class's body instead)"
+            assert key not in owner, (f"{d.target}.{attr}: {owner[key]} and {d.name} "
+                "(extend the first class's body instead)")
             owner[key] = d.name
 
 
@@ -62,8 +62,8 @@ def test_patch_bodies_are_thin():
             for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
                 body = [s for s in fn.body if not (isinstance(s, ast.Expr)
                                                    and isinstance(s.value, ast.Constant))]
-                assert len(body) <= MAX_BODY_STATEMENTS, \
-                    f"{name}.py {cls.name}.{fn.name}: move the logic into product code"
+                assert len(body) <= MAX_BODY_STATEMENTS, (
+                    f"{name}.py {cls.name}.{fn.name}: move the logic into product code")
 
 
 def test_no_patch_class_outside_runtime():
@@ -78,8 +78,8 @@ def test_no_patch_class_outside_runtime():
             if isinstance(node, ast.ClassDef) and any(
                     "Patch" in ast.unparse(b) for b in node.bases):
                 outside.append(f"{rel}:{node.name}")
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "type" \
-                    and "Patch" in ast.unparse(node):
+            if (isinstance(node, ast.Call) and ast.unparse(node.func) == "type"
+                    and "Patch" in ast.unparse(node)):
                 outside.append(f"{rel}: type(...) built patch")
     assert outside == []
 
@@ -115,8 +115,8 @@ def test_comm_gets_the_counting_patch_from_runtime_and_fails_closed_without_it()
     (it would count nothing). Fresh interpreters: no vLLM import needed."""
     alone = _run("from vllm_kimi_ext.comm import CollectiveCounter\n"
                  "CollectiveCounter().start()")
-    assert alone.returncode != 0 and "import vllm_kimi_ext.runtime first" in alone.stderr, \
-        alone.stderr
+    assert alone.returncode != 0 and "import vllm_kimi_ext.runtime first" in alone.stderr, (
+        alone.stderr)
     registered = _run(
         "import vllm_kimi_ext.runtime as rt\n"
         "from vllm_kimi_ext.comm import CollectiveCounter, accounting\n"

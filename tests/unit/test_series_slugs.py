@@ -160,8 +160,8 @@ def test_withdrawn_patches_render_as_their_runtime_patch():
         assert patch_ids.ref(slug) == f"runtime patch {rid}"
         assert list((REPO / "upstream-notes").glob(f"{rid}-*.md")), rid
     first = next(iter(patch_ids.numbers()))
-    assert patch_ids.ref("replicate-draft-embedding", first) == \
-        f"patch {patch_ids.number(first)} and runtime patch R08"
+    assert (patch_ids.ref("replicate-draft-embedding", first) ==
+        f"patch {patch_ids.number(first)} and runtime patch R08")
 
 
 @pytest.mark.parametrize("fault", ["repeated", "withdrawn", "missing"])

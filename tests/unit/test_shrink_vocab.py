@@ -436,6 +436,6 @@ def test_a_restored_output_is_reported_on_stderr(tmp_path, capsys):
     with pytest.raises(sv.ShrinkVocabError):  # the head is missing: refused after cleanup
         sv.check_inputs(tmp_path / "no-head", [tmp_path / "c.txt"], tmp_path / "small-head")
     err = capsys.readouterr().err
-    assert f"shrink-vocab: restored {tmp_path / 'small-head'} from {moved.name} (an earlier " \
-        "run was killed while replacing it)" in err
+    assert (f"shrink-vocab: restored {tmp_path / 'small-head'} from {moved.name} (an earlier "
+        "run was killed while replacing it)" in err)
     assert (tmp_path / "small-head" / "config.json").exists()

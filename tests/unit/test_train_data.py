@@ -21,8 +21,8 @@ def _sample(i, prompt=(1, 2, 3), out=(4, 5), source="s"):
 def test_sample_sequence_and_mask():
     s = _sample(0)
     assert s.input_ids == [1, 2, 3, 4, 5] and s.loss_mask == [0, 0, 0, 1, 1]
-    assert layout.prompt_hash([{"role": "user", "content": "a"}]) != \
-        layout.prompt_hash([{"role": "user", "content": "a"}], {"thinking": True})
+    assert (layout.prompt_hash([{"role": "user", "content": "a"}]) !=
+        layout.prompt_hash([{"role": "user", "content": "a"}], {"thinking": True}))
 
 
 def test_samples_file_torn_tail_dropped_and_repaired(tmp_path):
@@ -124,8 +124,8 @@ def test_server_generator_sends_template_kwargs_and_reads_token_ids(server):
                                      chat_template_kwargs={"thinking": True})
     assert gen.model == "kimi"
     (ans,) = gen.answer([[{"role": "user", "content": "q"}]])
-    assert (ans.prompt_token_ids, ans.output_token_ids, ans.text, ans.reasoning) == \
-        ([1, 2, 3], [9, 10], "hi", "think")
+    assert ((ans.prompt_token_ids, ans.output_token_ids, ans.text, ans.reasoning) ==
+        ([1, 2, 3], [9, 10], "hi", "think"))
     body = _Handler.bodies[-1]
     assert body["return_token_ids"] is True and body["chat_template_kwargs"] == {"thinking": True}
     assert body["max_tokens"] == 5 and body["model"] == "kimi"

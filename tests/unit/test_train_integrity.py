@@ -53,8 +53,8 @@ def test_the_manifest_records_each_shards_size_and_sha256(data):
         path = data / entry["file"]
         assert entry["bytes"] == path.stat().st_size
         assert entry["sha256"] == layout.file_sha256(path)
-    assert json.loads((data / layout.MANIFEST).read_text())["capture"]["samples"] == \
-        section["samples"]
+    assert (json.loads((data / layout.MANIFEST).read_text())["capture"]["samples"] ==
+        section["samples"])
 
 
 def test_resume_recaptures_a_truncated_and_an_overwritten_shard(data):

@@ -214,8 +214,8 @@ def test_note_with_another_stem_is_found(mirror):
     num, name, note = _first(mirror)
     note.rename(note.with_name(f"{num}-short-name.md"))
     found = check_series_notes(mirror)
-    assert f"{name}: no note {NOTES}/{name.removesuffix('.patch')}.md (a note has the " \
-           "patch file's stem)" in found
+    assert (f"{name}: no note {NOTES}/{name.removesuffix('.patch')}.md (a note has the "
+           "patch file's stem)" in found)
     assert f"{NOTES}/{num}-short-name.md: no patch with this stem" in found
 
 
@@ -282,13 +282,13 @@ def test_each_runtime_patch_has_a_complete_note_and_index_row():
         key = f"vllm_kimi_ext/runtime/{d.module}.py:{d.name}"
         assert key in notes, f"{d.ref}: no upstream-notes/R<NN>-*.md with `patch: {key}`"
         name, front, text = notes[key]
-        assert set(RUNTIME_FRONT) <= set(front), \
-            f"{name}: front matter lacks {set(RUNTIME_FRONT) - set(front)}"
+        assert set(RUNTIME_FRONT) <= set(front), (
+            f"{name}: front matter lacks {set(RUNTIME_FRONT) - set(front)}")
         assert name.startswith(front["id"] + "-"), f"{name}: id {front['id']} != file name"
         for attr in d.attributes:
             assert f"{d.target}.{attr}" in front["targets"], f"{name}: targets lacks {attr}"
-        assert front["upstream_pr"].split()[0].rstrip(":,;—") in ("yes", "no"), \
-            f"{name}: upstream_pr must start with yes or no"
+        assert front["upstream_pr"].split()[0].rstrip(":,;—") in ("yes", "no"), (
+            f"{name}: upstream_pr must start with yes or no")
         for section in RUNTIME_SECTIONS:
             assert section in text, f"{name} lacks {section!r}"
         result = text.split("## Test Result", 1)[1].split("\n## ", 1)[0]

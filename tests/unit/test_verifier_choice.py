@@ -159,8 +159,8 @@ def test_the_cost_model_prices_both_on_as_the_plugin_runs_it(cm, meas):
         for mode, p in MODE_PARAMS.items():
             for b in vc.winning_batches(cm, meas, k, mode, "sharded", "batch_sharded")[1]:
                 params = [p] * b
-                runs = "batch_sharded" if choice.batch_sharded(_plan(params, k), params) \
-                    else "sharded"
+                runs = ("batch_sharded" if choice.batch_sharded(_plan(params, k), params)
+                    else "sharded")
                 both = vc.price_both(cm, meas, b, k, mode)
                 assert both.verifier == runs, (k, mode, b)
                 assert both.total_us <= vc.price(cm, meas, "batch_sharded", b, k,

@@ -24,8 +24,9 @@ import functools
 import pytest
 import torch
 
-import vllm_kimi_ext.verify.graph_step as gs
-import vllm_kimi_ext.verify.step_torch as st
+import vllm_kimi_ext.verify.escalate.rows as escalate_rows
+import vllm_kimi_ext.verify.merge as merge_round
+import vllm_kimi_ext.verify.stats as stats_round
 from testkit.verify_equivalence import chi_square
 from testkit.verify_simulate import simulate_sharded_verify
 from vllm_kimi_ext.verify import ReferenceVerifier, VerifyBatch
@@ -49,21 +50,21 @@ def shard_recover_from_p():
     """The step's recovered token sampled from ``p`` (the draft not excluded): in the
     statistics of rows without a cut and in the candidates' Gumbel-max of rows with one."""
     mp = pytest.MonkeyPatch()
-    real_stats, real_merge = gs.shard_local_stats, st.merge_round1_torch
+    real_stats, real_merge = stats_round.shard_local_stats, merge_round.merge_round1_torch
 
     def stats(*a, **k):
         return real_stats(*a, **{**k, "exclude_draft": False})
 
     def merge(g, inp, *a, **k):
         m = real_merge(g, inp, *a, **k)
-        blind = real_merge(g, st.StepInputs(**{**inp.__dict__,
-                                               "draft": torch.full_like(inp.draft, -1)}),
+        blind = real_merge(g, merge_round.StepInputs(**{**inp.__dict__,
+                                                        "draft": torch.full_like(inp.draft, -1)}),
                            *a, **k)
         m.gval, m.gidx = blind.gval, blind.gidx
         return m
 
-    mp.setattr(gs, "shard_local_stats", stats)
-    mp.setattr(st, "merge_round1_torch", merge)
+    mp.setattr(stats_round, "shard_local_stats", stats)
+    mp.setattr(merge_round, "merge_round1_torch", merge)
     try:
         yield
     finally:
@@ -80,7 +81,9 @@ def shard_accept_with_p():
     """The owner of ``x`` sends ``s_x`` instead of ``s_x - log q(x)``: acceptance with
     ``p(x)`` (log q read as 0)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(st, "_logq_at", lambda q, ids, v: torch.zeros(ids.shape, device=ids.device))
+    zero = lambda q, ids, v: torch.zeros(ids.shape, device=ids.device)  # noqa: E731
+    for module in (stats_round, merge_round, escalate_rows):  # every reader of log q
+        mp.setattr(module, "logq_at", zero)
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""The graph-capturable verification step (``verify/graph_step.py``, ``step_torch.py``) on CPU.
+"""The graph-capturable verification step (``verify/graph_step.py`` and its rounds) on CPU.
 
 * Token for token against the full-logits reference at simulated TP 1/2/4/8 on
   random, tie-heavy (bf16), flat and coarse logits, with top-p alone and with
@@ -22,7 +22,11 @@ import math
 import pytest
 import torch
 
-import vllm_kimi_ext.verify.step_torch as st
+import vllm_kimi_ext.verify.decide as decide
+import vllm_kimi_ext.verify.escalate.rows as escalate_rows
+import vllm_kimi_ext.verify.merge as merge
+import vllm_kimi_ext.verify.rowmath as rowmath
+import vllm_kimi_ext.verify.stats as stats
 from testkit.verify_cases import random_top_p_batch, shaped_logits
 from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step
@@ -162,14 +166,14 @@ def test_top_p_boundary_needs_the_float64_shard_lse(monkeypatch):
     L = b.layout()
     inp = StepInputs.from_layout(L, v)
     plan = plan_for_layout(L, tp_size=1, shard_width=v, vocab_size=v, candidates=64)
-    payload = st.round1_payload_torch(z, inp, plan, 0, v, None)
-    merged = st.merge_round1_torch(payload[None], inp, plan, v, step.rank_valid(z.device), None)
+    payload = stats.round1_payload_torch(z, inp, plan, 0, v, None)
+    merged = merge.merge_round1_torch(payload[None], inp, plan, v, step.rank_valid(z.device), None)
     assert int(merged.n_kept[0]) == want
     # the same payload with the log-sum-exp rounded to float32 moves the cut
     p32 = payload.clone()
-    lse = st.join_float64(p32[:, 2:4]).float().double()
-    p32[:, 2:4] = st.split_float64(lse)
-    m32 = st.merge_round1_torch(p32[None], inp, plan, v, step.rank_valid(z.device), None)
+    lse = rowmath.join_float64(p32[:, 2:4]).float().double()
+    p32[:, 2:4] = rowmath.split_float64(lse)
+    m32 = merge.merge_round1_torch(p32[None], inp, plan, v, step.rank_valid(z.device), None)
     assert int(m32.n_kept[0]) != want, "float32 LSE gives the same cut: the test cannot fail"
 
 
@@ -182,14 +186,14 @@ def _flat_case(seed):
 
 def test_planted_lax_certificate_fails(monkeypatch):
     """Calling every cut certified (no escalation) changes tokens on flat rows."""
-    orig = st.merge_round1_torch
+    orig = merge.merge_round1_torch
 
     def lax(*a, **k):
         m = orig(*a, **k)
         m.uncertified = torch.zeros_like(m.uncertified)
         return m
 
-    monkeypatch.setattr(st, "merge_round1_torch", lax)
+    monkeypatch.setattr(merge, "merge_round1_torch", lax)
     failed = 0
     for seed in range(4):
         b, z = _flat_case(seed)
@@ -203,12 +207,12 @@ def test_planted_lax_certificate_fails(monkeypatch):
 def test_planted_slot_order_defers_first_rows(monkeypatch):
     """Slots given to the last rows first (instead of each request's first row): some
     request is deferred at its first row, which the check refuses."""
-    orig = st.pick_slots
+    orig = escalate_rows.pick_slots
 
     def last_rows_first(uncertified, row_in_req, slots):
         return orig(uncertified, torch.arange(row_in_req.shape[0]).flip(0), slots)
 
-    monkeypatch.setattr(st, "pick_slots", last_rows_first)
+    monkeypatch.setattr(escalate_rows, "pick_slots", last_rows_first)
     with pytest.raises(AssertionError, match="deferred at its first row"):
         for seed in range(3):
             b, z = _deferral_case(seed)
@@ -216,12 +220,12 @@ def test_planted_slot_order_defers_first_rows(monkeypatch):
 
 
 def test_planted_deferral_that_still_emits_a_token(monkeypatch):
-    orig = st.decide_merged_torch
+    orig = decide.decide_merged_torch
 
     def emits(merged, deferred, inp, plan, vocab_size):
         return orig(merged, torch.zeros_like(deferred), inp, plan, vocab_size)
 
-    monkeypatch.setattr(st, "decide_merged_torch", emits)
+    monkeypatch.setattr(decide, "decide_merged_torch", emits)
     with pytest.raises(AssertionError):
         for seed in range(3):
             b, z = _deferral_case(seed)

@@ -16,7 +16,7 @@ from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step
 from testkit.verify_hist_step import key_values, ordered_key16
 from testkit.verify_simulate import simulate_graph_step
-from vllm_kimi_ext.verify import VerifyBatch, step_torch
+from vllm_kimi_ext.verify import VerifyBatch, merge
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
 from vllm_kimi_ext.verify.rowmath import scale_logits
 
@@ -132,14 +132,14 @@ def test_forced_top_k_row_takes_a_whole_row_slot(monkeypatch):
     """A top-k + top-p row never escalates (round 1 certifies it); forced into the
     escalation, the histogram rounds (which do not cut top-k) leave it to a whole-row
     slot, and the step still equals the reference."""
-    real = step_torch.merge_round1_torch
+    real = merge.merge_round1_torch
 
     def forced(g, inp, *a, **k):
         m = real(g, inp, *a, **k)
         m.uncertified |= inp.temperature > 0
         return m
 
-    monkeypatch.setattr(step_torch, "merge_round1_torch", forced)
+    monkeypatch.setattr(merge, "merge_round1_torch", forced)
     b, z = ties_past_the_cut(16, past=4)
     b = b.replace(top_k=torch.tensor([20, 0, 20]), top_p=torch.tensor([0.9, 0.9, 0.6]))
     out, _, plan, stopped = check_graph_step(z, b, PIN_V, 2, candidates=20,

@@ -1,5 +1,5 @@
 """The smaller escalation exchange's model (``testkit.verify_hist_exchange``) finds the same
-top-p cut as the whole-row sort (``step_torch.exact_cut``) over 8 bf16 shards at Kimi's V."""
+top-p cut as the whole-row sort (``escalate.rows.exact_cut``) over 8 bf16 shards at Kimi's V."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from testkit.verify_hist_exchange import hist_exchange_cut
+from vllm_kimi_ext.verify.escalate.rows import exact_cut
 from vllm_kimi_ext.verify.rowmath import scale_logits
-from vllm_kimi_ext.verify.step_torch import exact_cut
 
 V, TP = 163840, 8
 
@@ -16,8 +16,8 @@ V, TP = 163840, 8
 def _rows():
     g = torch.Generator().manual_seed(25)
     for i, scale in enumerate([0.3, 1.0, 3.0, 8.0]):
-        yield f"randn{scale}", (torch.randn(V, generator=g) * scale).to(torch.bfloat16), \
-            [1.0, 0.6][i % 2], [0.95, 0.9][i % 2]
+        (yield f"randn{scale}", (torch.randn(V, generator=g) * scale).to(torch.bfloat16),
+            [1.0, 0.6][i % 2], [0.95, 0.9][i % 2])
     # three or more tied tokens past the cut, spread over several shards (ids far apart)
     z = (torch.randn(V, generator=g) * 0.5).to(torch.bfloat16)
     z[torch.arange(8) * 20480 + 1000 + torch.arange(8) * 7] = 11.25  # one per shard

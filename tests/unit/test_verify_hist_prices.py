@@ -34,11 +34,11 @@ def test_escalation_bytes_match_the_product_plan(cm):
             plan = hist_plan(plan) if esc == "hist" else plan
             priced = hp.price_escalation(cm, B, esc)
             assert [(r.name, r.bytes_per_rank) for r in plan.rounds[1:]] == list(priced.rounds)
-            assert plan.bytes_per_escalated_row_per_rank == \
-                priced.bytes_per_escalated_row_per_rank
+            assert (plan.bytes_per_escalated_row_per_rank ==
+                priced.bytes_per_escalated_row_per_rank)
     assert hp.price_escalation(cm, 64, "rows").bytes_per_escalated_row_per_rank == 40_960
-    assert hp.price_escalation(cm, 64, "hist").bytes_per_escalated_row_per_rank == \
-        2048 + 1024 + 16 + 40_960 / 64
+    assert (hp.price_escalation(cm, 64, "hist").bytes_per_escalated_row_per_rank ==
+        2048 + 1024 + 16 + 40_960 / 64)
     # on this PCIe profile the three small all-gathers price below one whole-row all-gather
     # from 10 escalated rows on (communication only; the measured compute decides the default)
     faster = [B for B in range(1, 65) if hp.price_escalation(cm, B, "hist").comm_us
@@ -84,8 +84,8 @@ def test_hist_step_is_priced_from_its_measured_report(cm, tmp_path):
     # the shipped report: the hist step is measured slower than the whole-row step
     shipped = hp.hist_measurements()
     for rows in (4, 16, 64, 256):
-        assert shipped.at(k, mode, rows, "ours_graph_us") > \
-            vc.measurements().at(k, mode, rows, "ours_graph_us")
+        assert (shipped.at(k, mode, rows, "ours_graph_us") >
+            vc.measurements().at(k, mode, rows, "ours_graph_us"))
 
 
 def test_docs_escalation_table_is_the_priced_one(cm):

@@ -14,7 +14,7 @@ import torch
 
 import vllm_kimi_ext
 from vllm_kimi_ext.verify.hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
-from vllm_kimi_ext.verify.kernels import shard_local_stats, shard_local_stats_torch
+from vllm_kimi_ext.verify.shard_stats import shard_local_stats, shard_local_stats_torch
 
 REPO = Path(vllm_kimi_ext.__file__).resolve().parents[1]
 NEG_INF = float("-inf")

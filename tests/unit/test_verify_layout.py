@@ -7,7 +7,7 @@ small files, one backend rule.
 * No file under ``verify/`` exceeds 650 lines.
 * The eager verifier and the second plan are gone from the package; vLLM is imported only
   by the integration glue (``tests/unit/test_package_boundaries.py`` enforces where).
-* One rule chooses the Triton or the torch implementation: ``ranks.use_triton``.
+* One rule chooses the Triton or the torch implementation: ``backend.use_triton``.
 """
 
 from __future__ import annotations
@@ -57,20 +57,20 @@ def test_no_import_cycle_between_modules_of_the_package():
     cycles = [tuple(c) for c in module_cycles(_sources())]
     new = [c for c in cycles if c not in KNOWN_CYCLES]
     assert new == [], "\n".join(" <-> ".join(c) for c in new)
-    assert sorted(KNOWN_CYCLES) == sorted(c for c in cycles if c in KNOWN_CYCLES), \
-        "a known cycle is gone: remove it from KNOWN_CYCLES"
+    assert sorted(KNOWN_CYCLES) == sorted(c for c in cycles if c in KNOWN_CYCLES), (
+        "a known cycle is gone: remove it from KNOWN_CYCLES")
 
 
 def test_a_cycle_hidden_inside_a_function_is_found():
-    """The cycle the verifier had: ``graph_step`` imports ``_graph_kernels`` inside a
-    function, ``_graph_kernels`` imports ``graph_step`` at module level."""
+    """The cycle the verifier once had: ``graph_step`` imports a kernel module inside a
+    function, the kernel module imports ``graph_step`` at module level."""
     planted = {Path("verify/__init__.py"): "",
-               Path("verify/graph_step.py"): "def run():\n    from . import _graph_kernels\n",
-               Path("verify/_graph_kernels.py"): "from .graph_step import Merged\n",
+               Path("verify/graph_step.py"): "def run():\n    from . import merge\n",
+               Path("verify/merge.py"): "from .graph_step import Merged\n",
                Path("verify/ranks.py"): "import torch\n"}
-    assert module_cycles(planted) == [["vllm_kimi_ext.verify._graph_kernels",
-                                       "vllm_kimi_ext.verify.graph_step"]]
-    planted[Path("verify/_graph_kernels.py")] = "from .ranks import x\n"
+    assert module_cycles(planted) == [["vllm_kimi_ext.verify.graph_step",
+                                       "vllm_kimi_ext.verify.merge"]]
+    planted[Path("verify/merge.py")] = "from .ranks import x\n"
     assert module_cycles(planted) == []
 
 
@@ -90,7 +90,7 @@ def test_one_verifier_and_one_plan():
 
 
 def test_one_backend_rule():
-    """``is_cuda and triton_available()`` (the auto rule) is written once, in ranks.py."""
+    """``is_cuda and triton_available()`` (the auto rule) is written once, in backend.py."""
     hits = [str(rel) for rel, src in _sources().items()
             if "triton_available()" in src and "is_cuda" in src]
-    assert hits == ["verify/ranks.py"]
+    assert hits == ["verify/backend.py"]

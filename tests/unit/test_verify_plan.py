@@ -77,8 +77,8 @@ def test_plan_numbers_per_mode():
     prob = _plan([{"temperature": 0.7}] * 16, probabilistic=True)
     assert [(r.name, r.rows, r.width) for r in prob.rounds] == [
         ("stats+candidates", rows, 5), ("residual", 16, 2)]
-    assert _plan([{"temperature": 0.7, "top_k": 5}] * 16, probabilistic=True).rounds[-1].name \
-        == "stats+candidates"
+    assert (_plan([{"temperature": 0.7, "top_k": 5}] * 16, probabilistic=True).rounds[-1].name
+        == "stats+candidates")
 
 
 def test_kimi_single_stream_bytes():

@@ -123,8 +123,8 @@ def test_engine_ops_install_targets_vllm_cpu_ops_and_init_memory_env():
     engine_ops.install()
     assert _cpu_ops.cpu_attention_with_kv_cache is engine_ops.stand_in_attention_with_kv_cache
     assert _cpu_ops.cpu_attn_reshape_and_cache is engine_ops.stand_in_reshape_and_cache
-    assert _cpu_ops.cpu_attn_get_scheduler_metadata is \
-        engine_ops.stand_in_get_scheduler_metadata
+    assert (_cpu_ops.cpu_attn_get_scheduler_metadata is
+        engine_ops.stand_in_get_scheduler_metadata)
     torch.ops._C.init_cpu_memory_env([0])
 
 

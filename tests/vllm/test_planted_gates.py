@@ -45,15 +45,15 @@ def _sampler_classes():
 def test_the_real_sampler_passes():
     sampler, _ = _sampler_classes()
     assert gate.type_name(object.__new__(sampler)) in gate.SAMPLER_TYPES
-    assert ineligibility(_runner_with_real_sampler(sampler), stand_in_batch(2), None, 8, V) \
-        is None
+    assert (ineligibility(_runner_with_real_sampler(sampler), stand_in_batch(2), None, 8, V)
+        is None)
 
 
 def test_vllms_watermark_sampler_a_sampler_subclass_is_refused():
     sampler, watermark = _sampler_classes()
     assert issubclass(watermark, sampler)  # what makes isinstance the wrong test
-    assert ineligibility(_runner_with_real_sampler(watermark), stand_in_batch(2), None, 8, V) \
-        == "sampler_type"
+    assert (ineligibility(_runner_with_real_sampler(watermark), stand_in_batch(2), None, 8, V)
+        == "sampler_type")
 
 
 def test_any_sampler_subclass_is_refused():
@@ -77,16 +77,16 @@ def _runner_with_real_processors(classes):
 
 def test_the_real_built_in_logits_processors_pass():
     real = [_resolve(n) for n in gate.SAFE_LOGITS_PROCESSOR_TYPES]
-    assert ineligibility(_runner_with_real_processors(real), stand_in_batch(2), None, 8, V) \
-        is None
+    assert (ineligibility(_runner_with_real_processors(real), stand_in_batch(2), None, 8, V)
+        is None)
 
 
 @pytest.mark.parametrize("which", range(3), ids=["logit_bias", "penalties", "bad_words"])
 def test_a_subclass_of_a_built_in_logits_processor_is_refused(which):
     real = [_resolve(n) for n in gate.SAFE_LOGITS_PROCESSOR_TYPES]
     real[which] = _subclass(real[which])
-    assert ineligibility(_runner_with_real_processors(real), stand_in_batch(2), None, 8, V) \
-        == "logits_processors"
+    assert (ineligibility(_runner_with_real_processors(real), stand_in_batch(2), None, 8, V)
+        == "logits_processors")
 
 
 def test_a_custom_processor_on_vllms_interface_is_refused():

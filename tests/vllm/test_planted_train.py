@@ -122,8 +122,8 @@ def test_reduced_vocab_export_round_trips_through_vllms_eagle3_loader(
     assert got.shape == (5, SPEC.vocab_size)
     with torch.no_grad():  # the trained head's own draft logits, from its bf16 weights
         want = x.to(torch.bfloat16).float() @ head.lm_head.weight.to(torch.bfloat16).float().T
-    assert torch.allclose(got[:, kept], want, atol=0.02 * float(want.abs().max())), \
-        (got[:, kept] - want).abs().max()
+    assert torch.allclose(got[:, kept], want, atol=0.02 * float(want.abs().max())), (
+        (got[:, kept] - want).abs().max())
     others = torch.ones(SPEC.vocab_size, dtype=torch.bool)
     others[kept] = False
     assert bool(torch.isneginf(got[:, others]).all())

@@ -58,5 +58,5 @@ def test_the_patch_wraps_the_speculators_load_model():
     )
 
     assert TargetDependentARSpeculator.load_model is Patched.__dict__["load_model"]
-    assert Patched.original("load_model").__qualname__ == \
-        "TargetDependentARSpeculator.load_model"
+    assert (Patched.original("load_model").__qualname__ ==
+        "TargetDependentARSpeculator.load_model")

@@ -101,8 +101,8 @@ def test_miniature_trains_exports_passes_doctor_and_loads_in_vllm(
     params = dict(model.named_parameters())
     written = load_file(out / "model.safetensors")
     assert torch.equal(params["model.fc.weight"].cpu(), written["fc.weight"])
-    assert cfg.speculative_config.draft_model_config.hf_config \
-        .eagle_aux_hidden_state_layer_ids == LAYER_IDS[:-1]
+    assert (cfg.speculative_config.draft_model_config.hf_config
+        .eagle_aux_hidden_state_layer_ids == LAYER_IDS[:-1])
 
 
 def test_fine_tune_a_public_style_head_with_reduced_vocab(

@@ -101,8 +101,8 @@ def test_an_existing_out_needs_force_and_is_replaced_whole(inputs, previous, cap
     code, err = _train(inputs, out, "--seed", "1", "--force", capsys=capsys)
     assert code == 0, err
     after = _files(out)
-    assert sorted(after) == sorted(before) and after["model.safetensors"] != \
-        before["model.safetensors"]
+    assert (sorted(after) == sorted(before) and after["model.safetensors"] !=
+        before["model.safetensors"])
     assert sorted(p.name for p in out.parent.iterdir()) == ["draft"]  # nothing left beside
 
 

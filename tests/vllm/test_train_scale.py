@@ -73,8 +73,8 @@ def test_three_capture_shards_make_the_unsharded_capture(tiny, data, tmp_path):
     for name in files:
         if name == layout.SHARD_LOG:  # a log in capture order: compared as records below
             continue
-        assert (sharded / layout.HIDDEN_DIR / name).read_bytes() == \
-            (whole / layout.HIDDEN_DIR / name).read_bytes(), name
+        assert ((sharded / layout.HIDDEN_DIR / name).read_bytes() ==
+            (whole / layout.HIDDEN_DIR / name).read_bytes()), name
     assert layout.shard_records(sharded) == layout.shard_records(whole)
     a = layout.read_manifest(sharded)["capture"]
     b = layout.read_manifest(whole)["capture"]

@@ -220,8 +220,8 @@ def scan_weights(directory: str | Path) -> tuple[TensorIndex, list[WeightProblem
     if not files:
         others = sorted(p.name for p in directory.glob("*")
                         if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
-        found = f" (found {', '.join(others[:3])}: the checks read safetensors headers only)" \
-            if others else ""
+        found = (f" (found {', '.join(others[:3])}: the checks read safetensors headers only)"
+            if others else "")
         problems.append(WeightProblem("missing", str(directory), (
             f"{directory} has no *.safetensors weight file{found}")))
     for file in files:

@@ -68,8 +68,8 @@ def _payload(args: tuple, kwargs: dict) -> tuple[int, tuple[int, ...], str]:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size(), tuple(obj.shape), str(obj.dtype)
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(t, torch.Tensor) for t in obj):
-        return sum(t.numel() * t.element_size() for t in obj), tuple(obj[0].shape), \
-            str(obj[0].dtype)
+        return (sum(t.numel() * t.element_size() for t in obj), tuple(obj[0].shape),
+            str(obj[0].dtype))
     if isinstance(obj, dict):
         ts = [v for v in obj.values() if isinstance(v, torch.Tensor)]
         return sum(t.numel() * t.element_size() for t in ts), (len(ts),), "dict"

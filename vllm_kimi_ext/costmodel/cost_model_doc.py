@@ -157,8 +157,8 @@ def latency_markdown() -> str:
         for backend, ops in t.curves.items():
             for op, c in ops.items():
                 pts = ", ".join(f"{fmt_bytes(x)} {y:g}" for x, y in zip(c.sizes, c.measured_us))
-                lifted = "; lifted: " + ", ".join(fmt_bytes(x) for x, _, _ in c.lifted) \
-                    if c.lifted else ""
+                lifted = ("; lifted: " + ", ".join(fmt_bytes(x) for x, _, _ in c.lifted)
+                    if c.lifted else "")
                 rows.append([f"`{name}`", backend + (" (auto crossover)"
                                                      if backend in t.auto_crossover else ""),
                              op, pts + lifted])

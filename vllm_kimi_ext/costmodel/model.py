@@ -435,8 +435,8 @@ class CostModel:
 
     # -- acceptance ------------------------------------------------------------------------
     def effective_acceptance(self, plan: Plan, acceptance: Acceptance) -> Acceptance:
-        if plan.vocab == "reduced" and self.draft_vocab(plan.draft, "reduced") < \
-                plan.draft.vocab_size:
+        if (plan.vocab == "reduced" and self.draft_vocab(plan.draft, "reduced") <
+                plan.draft.vocab_size):
             return acceptance.scaled(self.model.reduced_vocab_coverage,
                                      "reduced-vocab coverage")
         return acceptance

@@ -358,8 +358,8 @@ def handover_words(cm, meas: VerifyMeasurements | None, k: int, mode: str) -> st
         return f"batch-sharded at every batch ({NOT_PRICED})"
     if start is None:
         return "sharded at every batch"
-    return "batch-sharded at every batch" if start == 1 else \
-        f"sharded below batch {start}, batch-sharded from {start}"
+    return ("batch-sharded at every batch" if start == 1 else
+        f"sharded below batch {start}, batch-sharded from {start}")
 
 
 def price_both(cm, meas: VerifyMeasurements | None, batch: int, k: int,

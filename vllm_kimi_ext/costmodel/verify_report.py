@@ -147,9 +147,9 @@ VERDICT_CAPTION = ("Where each wins end to end, per the model (every batch 1-64 
 
 
 def _verdicts(cm: CostModel, meas) -> list[str]:
-    return [VERDICT_CAPTION, "", "| " + " | ".join(VERDICT_HEADER) + " |",
-            "|---" * len(VERDICT_HEADER) + "|"] \
-        + ["| " + " | ".join(r) + " |" for r in verdict_rows(cm, meas)]
+    return ([VERDICT_CAPTION, "", "| " + " | ".join(VERDICT_HEADER) + " |",
+            "|---" * len(VERDICT_HEADER) + "|"]
+        + ["| " + " | ".join(r) + " |" for r in verdict_rows(cm, meas)])
 
 
 def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:

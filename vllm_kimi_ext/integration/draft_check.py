@@ -29,8 +29,8 @@ def _check_draft_tokenizer(model_config, draft_model_config) -> None:
     target = local_dir(getattr(model_config, "tokenizer", None) or model_config.model)
     draft = local_dir(getattr(draft_model_config, "tokenizer", None)
                        or draft_model_config.model)
-    if target is None or draft is None or not (target / "tiktoken.model").is_file() \
-            or not (draft / "tiktoken.model").is_file():
+    if (target is None or draft is None or not (target / "tiktoken.model").is_file()
+            or not (draft / "tiktoken.model").is_file()):
         logger.info("vllm-kimi-ext tokenizer check skipped: no local Kimi-format "
                     "tokenizer (tiktoken.model) in both %s and %s",
                     model_config.model, draft_model_config.model)

@@ -58,9 +58,9 @@ def replicated_table(module: Any, what: str) -> Any:
     )
 
     weight = getattr(module, "weight", None)
-    if type(module) not in (VocabParallelEmbedding, ParallelLMHead) or not isinstance(
-            weight, torch.Tensor) or getattr(module, "quant_method", None) is not None and \
-            type(module.quant_method).__name__ != "UnquantizedEmbeddingMethod":
+    if (type(module) not in (VocabParallelEmbedding, ParallelLMHead) or not isinstance(
+            weight, torch.Tensor) or getattr(module, "quant_method", None) is not None and
+            type(module.quant_method).__name__ != "UnquantizedEmbeddingMethod"):
         raise DraftEmbeddingError(
             f"{envs.REPLICATE_DRAFT_EMBEDDING.name}=1: cannot replicate the draft {what} "
             f"({type(module).__name__}): only an unquantized vocab-parallel table can be "

@@ -126,8 +126,8 @@ def hf_vocab_keys(directory: str | Path) -> list[bytes | str | None]:
     path = Path(directory) / HF_TOKENIZER_FILE
     data = read_json_object(path)
     model = data.get("model")
-    if not isinstance(model, dict) or model.get("type") != "BPE" \
-            or not isinstance(model.get("vocab"), dict):
+    if (not isinstance(model, dict) or model.get("type") != "BPE"
+            or not isinstance(model.get("vocab"), dict)):
         kind = model.get("type") if isinstance(model, dict) else model
         raise TokenizerInputError(
             f"{path}: model type {kind!r} is not supported for cross-tokenizer "

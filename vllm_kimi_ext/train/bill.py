@@ -169,8 +169,8 @@ class Bill:
     def box_hours(self) -> float:
         """Hours the serving box is busy: regeneration, capture and (on its own GPUs)
         training, taking the measured training rate, else the reference one."""
-        train = self.train_gpu_hours_measured if self.train_gpu_hours_measured is not None \
-            else self.train_gpu_hours_reference
+        train = (self.train_gpu_hours_measured if self.train_gpu_hours_measured is not None
+            else self.train_gpu_hours_reference)
         train_hours = max(train / self.box_gpus, self.train_hours_at_disk_rate)
         return self.regenerate_hours + self.capture_hours + train_hours
 
@@ -209,8 +209,8 @@ def compute_bill(
         raise DataError("decode, prefill and disk read rates must be > 0")
     bpt = hidden_bytes_per_token(head["hidden"], head["num_aux"])
     per_sample = traffic.prompt_tokens + traffic.response_tokens
-    disk = (min(traffic.prompts, staging_samples) if online else traffic.prompts) \
-        * per_sample * bpt
+    disk = ((min(traffic.prompts, staging_samples) if online else traffic.prompts)
+        * per_sample * bpt)
     regen_h = traffic.generated_tokens / decode_tokens_per_s / 3600
     capture_h = traffic.tokens / prefill_tokens_per_s / 3600
     h200_to_box = H200_BF16_TFLOPS / box_gpu_tflops
@@ -221,9 +221,9 @@ def compute_bill(
     gpu_h_meas = None
     if measured_train_tokens_per_s:
         gpu_h_meas = traffic.tokens * epochs / measured_train_tokens_per_s / 3600
-    train_rate = measured_train_tokens_per_s or \
+    train_rate = (measured_train_tokens_per_s or
         box_gpus * box_gpu_tflops * 1e12 * TRAIN_MFU / draft_train_flops_per_token(head,
-                                                                                 ttt_steps)
+                                                                                 ttt_steps))
     read = 0.0 if online else disk_read_bytes_per_s  # online: states come from the target
     return Bill(traffic, bpt, disk, decode_tokens_per_s, prefill_tokens_per_s, regen_h,
                 capture_h, gpu_h_flops, gpu_h_ref, gpu_h_meas, box_gpus, sources or {},
@@ -250,8 +250,8 @@ def fine_tune_vs_switch(tau_now: float, tau_after: float, tau_alt: float, box_ho
     # tokens lost while the box runs the pipeline = box_hours x today's (or the switched)
     # speed; recovered at (after - baseline) per serving hour.
     out["payback_hours_vs_today"] = box_hours / (after - 1) if after > 1 else math.inf
-    out["payback_hours_vs_switch"] = box_hours * alt / (after - alt) if after > alt \
-        else math.inf
+    out["payback_hours_vs_switch"] = (box_hours * alt / (after - alt) if after > alt
+        else math.inf)
     return out
 
 
@@ -302,8 +302,8 @@ def _section(obj: dict, key: str, where: Path, prefix: str = "") -> dict:
 
 def _rate(value, where, field: str) -> float:
     """A measured figure: a finite number > 0 (a negative rate would bill negative hours)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+            not math.isfinite(value) or value <= 0):
         raise DataError(f"{where}: field {field!r} is {value!r}, expected a finite number > 0",
                         file=str(where), field=field, expected="a finite number > 0")
     return float(value)

@@ -96,8 +96,8 @@ def write_target_stub(model, out_dir: str | Path, dtype: str = "bfloat16") -> Pa
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
-        else model.config
+    cfg = (model.config.get_text_config() if hasattr(model.config, "get_text_config")
+        else model.config)
     cfg.save_pretrained(out)
     saved = read_json(out / "config.json", "target config")
     saved.pop("quantization_config", None)  # e.g. GGUF: the stub holds plain tensors
@@ -176,8 +176,8 @@ def _layer_config_from_flat(head_cfg: dict):
 
 
 def head_aux_layer_ids(head_cfg: dict) -> list[int] | None:
-    ids = head_cfg.get("eagle_aux_hidden_state_layer_ids") or \
-        (head_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = (head_cfg.get("eagle_aux_hidden_state_layer_ids") or
+        (head_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
     return list(ids) if ids else None
 
 

@@ -73,8 +73,8 @@ def bytes_per_token(num_layers: int, hidden_size: int, dtype: str = Capture.dtyp
 def estimate_disk(samples: Sequence[Sample], num_layers: int, hidden_size: int,
                   dtype: str = Capture.dtype) -> int:
     tokens = sum(s.num_tokens for s in samples)
-    return tokens * bytes_per_token(num_layers, hidden_size, dtype) + \
-        len(samples) * SHARD_HEADER_BYTES
+    return (tokens * bytes_per_token(num_layers, hidden_size, dtype) +
+        len(samples) * SHARD_HEADER_BYTES)
 
 
 class Backend(Protocol):
@@ -252,16 +252,16 @@ class TransformersCapture:
 
     def __init__(self, model, *, name: str = ""):
         self.model = model.eval()
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
-            else model.config
+        cfg = (model.config.get_text_config() if hasattr(model.config, "get_text_config")
+            else model.config)
         self.hidden_size = int(cfg.hidden_size)
         self.num_hidden_layers = int(cfg.num_hidden_layers)
         self.description = {"backend": "transformers", "target": name,
                             "tensor_parallel_size": 1}
 
     def _final_norm(self):
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else \
-            self.model.model
+        decoder = (self.model.get_decoder() if hasattr(self.model, "get_decoder") else
+            self.model.model)
         norm = getattr(decoder, "norm", None)
         if norm is None:
             raise DataError(f"{type(self.model).__name__}: no final norm found to read the "

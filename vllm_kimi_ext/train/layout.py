@@ -134,8 +134,8 @@ class Sample:
         if missing:
             raise DataError(f"{where}: field(s) {', '.join(missing)} missing")
         rec = {k: v for k, v in rec.items() if k in names}
-        if isinstance(rec["index"], bool) or not isinstance(rec["index"], int) \
-                or rec["index"] < 0:
+        if (isinstance(rec["index"], bool) or not isinstance(rec["index"], int)
+                or rec["index"] < 0):
             raise DataError(f"{where}: field 'index' is {rec['index']!r}, expected an "
                             "integer >= 0")
         for name in ("prompt_token_ids", "output_token_ids"):
@@ -247,8 +247,8 @@ def append_samples(data_dir: str | Path, samples: Iterable[Sample]) -> None:
     good = path.stat().st_size if path.exists() else 0
     lines = [(s.to_json() + "\n").encode("utf-8") for s in samples]
     try:
-        with disk_full_refusal(path, sum(map(len, lines)), what="appending samples"), \
-                open(path, "ab") as fh:
+        with (disk_full_refusal(path, sum(map(len, lines)), what="appending samples"),
+              open(path, "ab") as fh):
             for line in lines:
                 fh.write(line)
                 fh.flush()

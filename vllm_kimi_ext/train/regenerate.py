@@ -98,8 +98,8 @@ def check_resume(data_dir: str | Path, backend: str | None, model: str | None) -
     for field, now in (("backend", backend), ("model", model)):
         before = previous.get(field)
         if before is not None and now is not None and before != now:
-            flag = "--model" if field == "model" and backend == "openai-server" else \
-                "--hf-model" if field == "model" else "--server/--hf-model"
+            flag = ("--model" if field == "model" and backend == "openai-server" else
+                "--hf-model" if field == "model" else "--server/--hf-model")
             raise DataError(f"{Path(data_dir) / layout.MANIFEST}: generated with {field} "
                             f"{before!r}, this run uses {now!r} ({flag}); resume with the "
                             "same one or write to a new --out")
@@ -376,8 +376,8 @@ class ServerGenerator:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         out = self._post("/chat/completions", body)
         choices = out.get("choices") if isinstance(out, dict) else None
-        choice = choices[0] if isinstance(choices, list) and choices and \
-            isinstance(choices[0], dict) else {}
+        choice = (choices[0] if isinstance(choices, list) and choices and
+            isinstance(choices[0], dict) else {})
         prompt_ids, output_ids = out.get("prompt_token_ids"), choice.get("token_ids")
         if prompt_ids is None or output_ids is None:
             raise DataError(

@@ -113,8 +113,8 @@ def check_finite_shard(path: Path, hidden, first_token: int = 0) -> None:
         bad = (~finite).reshape(-1, hidden.shape[-1]).any(-1).reshape(hidden.shape[:-1])
         token, layer = (int(i) for i in torch.nonzero(bad)[0])
         token += first_token
-        what = "the last layer (the loss's targets)" if layer == hidden.shape[1] - 1 \
-            else f"aux layer {layer}"
+        what = ("the last layer (the loss's targets)" if layer == hidden.shape[1] - 1
+            else f"aux layer {layer}")
         raise DataError(f"{path}: hidden_states hold NaN or infinite values (token {token}, "
                         f"{what}); delete the shard and run `draft capture` again")
 
@@ -427,8 +427,8 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     dataset = make_dataset(data_dir, samples, config.max_len, dtype, config.prompt_context)
     sampler = make_sampler(dataset, config.max_len, config.seed, ranks)
-    workers = config.loader_workers if config.loader_workers is not None else \
-        (2 if device.type == "cuda" else 0)
+    workers = (config.loader_workers if config.loader_workers is not None else
+        (2 if device.type == "cuda" else 0))
 
     def loader_for(batch_sampler, ds):
         return make_loader(ds, max_len=config.max_len, hidden_size=cap["hidden_size"],
@@ -448,8 +448,8 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
     if per_epoch == 0:
         raise DataError(f"{data_dir}: {len(samples)} training samples make no batch for "
                         f"{ranks.world} ranks")
-    total = config.max_steps if config.max_steps is not None else \
-        max(1, math.ceil(per_epoch * config.epochs))  # max_steps 0: export the initialisation
+    total = (config.max_steps if config.max_steps is not None else
+        max(1, math.ceil(per_epoch * config.epochs)))  # max_steps 0: export the initialisation
     val_every = config.val_every or per_epoch
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr)
@@ -516,8 +516,8 @@ def _train(data_dir, target_dir, out_dir, *, init, samples, val_samples, ckpt_di
             if val_loader is not None and (st["step"] % val_every == 0 or st["step"] >= total):
                 best_state = _validate(model, val_loader, ranks, lc, config, st, best_state,
                                        log)
-            if config.checkpoint_every and st["step"] % config.checkpoint_every == 0 \
-                    and st["step"] < total:
+            if (config.checkpoint_every and st["step"] % config.checkpoint_every == 0
+                    and st["step"] < total):
                 _checkpoint(ckpt_dir, model, opt, sched, st, best_state, settings, ranks, log)
             if st["step"] >= total or st["stopped"] is not None:
                 break

@@ -251,8 +251,8 @@ class Output:
 
 def _train_checkpoints(args: Any) -> Path | None:
     """``draft train``'s checkpoint folder when --checkpoint-dir is not given."""
-    if not (_given(args, "checkpoint_every") or _given(args, "resume")) or \
-            _given(args, "out") is None:
+    if (not (_given(args, "checkpoint_every") or _given(args, "resume")) or
+            _given(args, "out") is None):
         return None
     from .trainer import default_checkpoint_dir
 
@@ -423,8 +423,8 @@ def check_device(device: str | None) -> None:
         return
     text = device.strip().lower()
     kind, _, index = text.partition(":")
-    if kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()) or \
-            (index and kind != "cuda"):
+    if (kind not in ("cpu", "cuda", "mps") or (index and not index.isdigit()) or
+            (index and kind != "cuda")):
         raise UserInputError(f"--device {device!r}: expected cpu, cuda, cuda:N or mps",
                              field="--device")
     if kind == "cuda":
@@ -520,9 +520,9 @@ def _resumed_layer_ids(data: str, n: int) -> list[int] | None:
     from .layout import read_manifest
 
     ids = (read_manifest(data).get("capture") or {}).get("layer_ids")
-    ok = isinstance(ids, list) and len(ids) >= 2 and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in ids) and \
-        ids == sorted(set(ids)) and ids[0] >= 0 and ids[-1] == n
+    ok = (isinstance(ids, list) and len(ids) >= 2 and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids) and
+        ids == sorted(set(ids)) and ids[0] >= 0 and ids[-1] == n)
     return list(ids) if ok else None
 
 
@@ -579,8 +579,8 @@ def _eval_usage(args: Any) -> None:
 def _train_usage(args: Any) -> None:
     """The long-run flags: validation settings need a split, a checkpoint folder needs
     checkpoints (or ``--resume``) and must be a folder."""
-    if (_given(args, "val_every") or _given(args, "patience")) and \
-            not _given(args, "val_fraction"):
+    if ((_given(args, "val_every") or _given(args, "patience")) and
+            not _given(args, "val_fraction")):
         flag = "--val-every" if _given(args, "val_every") else "--patience"
         raise UsageError(f"{flag} needs --val-fraction (a validation split)",
                          field=flag, expected="--val-fraction > 0")

@@ -11,17 +11,19 @@ never imported here: the glue that runs inside vLLM's model runner is
   import it too): :func:`plan_from_params` → :class:`StepPlan` (shapes and rounds) or
   :class:`Fallback` (the full logits gather, with its reason: logprobs, penalties,
   structured output, ...), the round sizes and the escalation kinds;
-* :mod:`.step_io`: the step's device inputs :class:`StepInputs` and outputs
-  :class:`StepOutput`;
+* :mod:`.step_io`: the step's device inputs :class:`StepInputs`, round 1's merged
+  statistics ``Merged`` and the outputs :class:`StepOutput`;
 * :mod:`.graph_step`: :class:`GraphVerifyStep`, the product's verifier (one rank, a
   fixed sequence of launches and all-gathers: greedy, temperature, top-k, min-p, top-p
   and probabilistic drafts), and :class:`StepGraphs`, its CUDA graphs captured at
   warm-up for a fixed list of padded row counts;
-* :mod:`.step_torch` / :mod:`._graph_kernels` / :mod:`._escalate_kernels`: the torch and
-  Triton implementations of the step's stages (one rule picks one,
-  :func:`.ranks.use_triton`); :mod:`.kernels` / :mod:`._triton_kernels`: the fused
-  shard statistics and the shared Triton helpers; :mod:`.rowmath`: the row math of the
-  torch stages (the product's only: the oracle computes its own);
+* the step's rounds, each one module with its torch body and its Triton launcher side by
+  side: :mod:`.stats` (round 1's shard pass), :mod:`.merge`, :mod:`.escalate` (one module
+  per escalation kind, :data:`.escalate.VARIANTS`), :mod:`.decide` and :mod:`.residual`;
+  :mod:`.shard_stats`: the fused shard statistics two rounds use; :mod:`.rowmath`: the row
+  math the rounds share (the product's only: the oracle computes its own);
+* :mod:`.backend`: the one backend switch (:func:`.backend.use_triton`) and the Triton
+  kernels' one availability guard; :mod:`._kernels`: the Triton kernels, by round;
 * :mod:`.ranks`: the shard geometry and the ``all_gather`` adapters
   (``torch.distributed``, vLLM's ``GroupCoordinator``, a counting wrapper);
 * :mod:`.reference`: :class:`ReferenceVerifier`, vLLM's standard rejection rules on full

@@ -17,7 +17,7 @@ Rounds (all-gathers of fixed-size payloads; see :class:`StepPlan`)
    ``W`` global ids. Every rank merges the same ``[TP, rows, 5 + 2W]`` bytes.
    A row whose kept set (the min-p / top-k / top-p prefix) provably lies inside
    the merged candidates is *certified* (no rank that sent ``W`` candidates can
-   hold an unsent token before the cut; :func:`.step_torch.merge_round1_torch`): its nucleus,
+   hold an unsent token before the cut; :mod:`.merge`): its nucleus,
    its log-sum-exp, the accept ratio of the draft and the Gumbel-max of the
    nucleus (the draft excluded for one-hot residuals; the residual
    ``max(0, p - q)`` for probabilistic drafts) are all computed from the
@@ -47,10 +47,12 @@ Rounds (all-gathers of fixed-size payloads; see :class:`StepPlan`)
 The decisions (first rejection, recovered / bonus token, deferral) are made by
 one program per request from the merged per-row statistics.
 
-Two implementations of every stage share one contract: torch (:mod:`.step_torch`, any
-device; the CPU tier runs it) and Triton (:mod:`._graph_kernels`,
-:mod:`._escalate_kernels`; split-row: many programs per row at small batches). A step
-picks one for all its stages with :meth:`.ranks.ShardedRank.uses_triton`.
+Each round is one module with its torch body (any device; the CPU tier runs it) and its
+Triton launcher side by side: :mod:`.stats` (round 1's shard pass), :mod:`.merge`,
+:mod:`.escalate` (one module per escalation kind), :mod:`.decide` and :mod:`.residual`.
+:meth:`run` asks the one backend switch (:func:`.backend.use_triton`) once and hands the
+answer to every round; the Triton kernels (:mod:`._kernels`) sit behind one availability
+guard.
 """
 
 from __future__ import annotations
@@ -60,17 +62,13 @@ from collections import Counter
 
 import torch
 
-from . import step_torch as st
-from .escalate_folded import escalate_folded
-from .kernels import shard_local_stats
-from .protocol import StepPlan, plan_step
+from . import decide, escalate, merge, residual, stats
+from .protocol import RESIDUAL_COLUMNS, StepPlan, plan_step
 from .ranks import AllGather, ShardedRank
 from .step_io import StepInputs, StepOutput
-from .step_torch import constant
 
 logger = logging.getLogger(__name__)
 
-NEG_INF = float("-inf")
 
 
 class GraphVerifyStep(ShardedRank):
@@ -82,11 +80,14 @@ class GraphVerifyStep(ShardedRank):
     device value on the host.
     """
 
+    #: The escalation kinds this step runs, by :attr:`.protocol.StepPlan.escalation`.
+    escalations = escalate.VARIANTS
+
     def __init__(self, vocab_size: int, tp_size: int, rank: int, all_gather: AllGather,
                  shard_width: int | None = None, backend: str = "auto"):
         super().__init__(vocab_size, tp_size, rank, all_gather, shard_width, backend)
         self._rank_valid: dict[torch.device, torch.Tensor] = {}
-        #: Persistent buffers of the split escalation (see ``_escalate_kernels``).
+        #: Persistent buffers of the split escalation (see :mod:`.escalate.rows`).
         self._escalation_scratch: dict = {}
 
     def rank_valid(self, device: torch.device) -> torch.Tensor:
@@ -96,40 +97,34 @@ class GraphVerifyStep(ShardedRank):
 
     def run(self, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
             q_full: torch.Tensor | None = None) -> StepOutput:
+        """The step's rounds in the contract's order (:attr:`.protocol.StepPlan.rounds`)."""
         V, off = self.vocab_size, self.col_offset
         if tuple(logits_shard.shape) != (plan.num_rows, self.shard_width):
             raise ValueError(f"expected logits shard [{plan.num_rows}, {self.shard_width}], "
                              f"got {tuple(logits_shard.shape)}")
         if (q_full is not None) != plan.probabilistic:
             raise ValueError("q_full must be given exactly when the plan is probabilistic")
-        tri = self.uses_triton(logits_shard)
+        tri = self.uses_triton(logits_shard)  # the one backend switch, for every round
+        # round 1: statistics (+ candidates)
+        g = self._gather(stats.round1_payload(logits_shard, inp, plan, off, V, q_full,
+                                              triton=tri),
+                         plan.num_rows, plan.round1_width)
         if plan.stats_only:
-            return self._stats_only(logits_shard, inp, plan, tri)
-        if tri:
-            from . import _graph_kernels as gk
-
-            payload = gk.round1_payload(logits_shard, inp, plan, off, V, q_full)
-        else:
-            payload = st.round1_payload_torch(logits_shard, inp, plan, off, V, q_full)
-        g = self._gather(payload, plan.num_rows, plan.round1_width)
-        rv = self.rank_valid(g.device)
-        if tri:
-            merged = gk.merge_round1(g, inp, plan, V, rv, q_full)
-        else:
-            merged = st.merge_round1_torch(g, inp, plan, V, rv, q_full)
-        if plan.escalation_slots and plan.escalation == "folded":
-            deferred = escalate_folded(self, logits_shard, inp, plan, merged, g, tri)
-        elif plan.escalation_slots:
-            deferred = self._escalate(logits_shard, inp, plan, merged, q_full, tri)
-        else:
-            deferred = constant(plan.num_rows, 0, merged.uncertified.dtype, g.device)
-        decide = gk.decide_merged if tri else st.decide_merged_torch
-        sampled, num_sampled, drow, margin, stopped = decide(merged, deferred, inp, plan, V)
+            return decide.decide_stats_only(g, inp, plan, V, triton=tri)
+        merged = merge.merge_round1(g, inp, plan, V, self.rank_valid(g.device), q_full,
+                                    triton=tri)
+        # round 2: the escalation of uncertified rows (none without slots)
+        deferred = escalate.resolve(self, logits_shard, inp, plan, merged, q_full,
+                                    scratch=self._escalation_scratch, triton=tri,
+                                    variants=self.escalations)
+        sampled, num_sampled, drow, margin, stopped = decide.decide_merged(
+            merged, deferred, inp, plan, V, triton=tri)
+        # round 3: the residual at each request's decision row
         if plan.residual_round:
             rows = drow.clamp(max=plan.num_rows - 1)
-            res = st.residual_payload_torch(logits_shard, inp, merged, rows, q_full, off, V)
-            gr = self._gather(res, plan.num_reqs, 2)
-            sampled = st.apply_residual(gr, inp, rows, num_sampled, stopped, sampled, V)
+            res = residual.residual_payload(logits_shard, inp, merged, rows, q_full, off, V)
+            sampled = residual.apply_residual(self._gather(res, plan.num_reqs, RESIDUAL_COLUMNS),
+                                              inp, rows, num_sampled, stopped, sampled, V)
         return StepOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin,
                           nucleus_margin=merged.nucleus_margin, uncertified=merged.uncertified,
                           deferred=deferred, stopped=stopped)
@@ -139,53 +134,6 @@ class GraphVerifyStep(ShardedRank):
         if tuple(g.shape[:3]) != (self.tp_size, rows, width):
             raise RuntimeError(f"all_gather returned {tuple(g.shape)}")
         return g
-
-    def _escalate(self, logits_shard, inp, plan, merged, q_full, tri) -> torch.Tensor:
-        """Round 2: whole rows for the picked uncertified rows; updates ``merged`` in place
-        and returns the deferred rows (uncertified, no slot). One-hot drafts on the Triton
-        path: the split bf16 escalation with this step's persistent scratch."""
-        if tri and q_full is None:
-            from . import _escalate_kernels as ek
-            from . import _graph_kernels as gk
-
-            idx, real8, deferred = ek.pick_slots(merged.uncertified, inp.row_in_req,
-                                                 plan.escalation_slots)
-            g = self.all_gather(logits_shard.index_select(0, idx))  # [TP, E, S]
-            return gk.escalate_one_hot(g, idx, real8, inp, merged, self.vocab_size, deferred,
-                                       self._escalation_scratch)
-        return st.escalate_torch(logits_shard, inp, plan, merged, self.all_gather,
-                                 self.vocab_size, q_full, "triton" if tri else "torch")
-
-    def _stats_only(self, logits_shard, inp, plan, tri) -> StepOutput:
-        """Greedy / temperature rows without a cut, one-hot drafts: one all-gather of
-        ``(gval, gidx[, lse, s_x])`` per row and one decision launch."""
-        V, off, R = self.vocab_size, self.col_offset, plan.num_rows
-        stats = shard_local_stats(logits_shard, inp.temperature, None, inp.draft, inp.seeds,
-                                  inp.positions, off, V, exclude_draft=True,
-                                  backend=self.backend, width=plan.round1_width)
-        g = self._gather(stats, R, plan.round1_width)
-        dev = g.device
-        # read-only constants made once (no fill launches inside the captured step)
-        nan64 = constant(R, float("nan"), torch.float64, dev)
-        no = constant(R, False, torch.bool, dev)
-        if tri:
-            from . import _triton_kernels as tk
-
-            Q, Lmax = plan.num_reqs, plan.max_rows_per_req
-            sampled = torch.empty((Q, Lmax), dtype=torch.int64, device=dev)
-            num_sampled = torch.empty((Q,), dtype=torch.int32, device=dev)
-            drow = torch.empty((Q,), dtype=torch.int64, device=dev)
-            margin = torch.empty((R,), dtype=torch.float32, device=dev)
-            gg = g if g.dtype == torch.float32 and g.stride(2) == 1 else g.float().contiguous()
-            tk.launch_decide(gg, inp.cu_num_rows, inp.draft, inp.temperature, inp.seeds,
-                             inp.positions, sampled, num_sampled, drow, margin, V)
-            stopped = constant(Q, False, torch.bool, dev)
-        else:
-            merged = st.merge_stats_torch(g, plan)
-            sampled, num_sampled, drow, margin, stopped = st.decide_merged_torch(
-                merged, no, inp, plan, V)
-        return StepOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin,
-                          nucleus_margin=nan64, uncertified=no, deferred=no, stopped=stopped)
 
 
 # ---------------------------------------------------------------------------
@@ -394,8 +342,7 @@ class StepGraphs:
         canon = self.padded_plan(key[0], key[1])
         if key not in self._graphs or (plan.candidates, plan.escalation_slots > 0) != (
                 canon.candidates, canon.escalation_slots > 0) or (
-                plan.escalation_slots and plan.escalation_slots != plan.num_reqs) or (
-                plan.escalation != canon.escalation):
+                plan.escalation_slots and plan.escalation_slots != plan.num_reqs):
             return "plan_not_captured"
         return None
 

@@ -57,6 +57,8 @@ GREEDY_COLUMNS = 2
 STATS_ONLY_COLUMNS = 4
 #: Round-1 columns before the candidates: gval, gidx, lse (hi, lo), s_x.
 STAT_COLUMNS = 5
+#: Round-1 float32 columns carrying the shard log-sum-exp (float64 split as hi + lo).
+LSE_COLUMNS = 2
 #: Candidates per rank and row when a cut is present (at least the largest top-k).
 DEFAULT_CANDIDATES = 128
 FLOAT_BYTES = 4

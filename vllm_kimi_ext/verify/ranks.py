@@ -5,43 +5,22 @@ logits (``S = ceil(V / TP)`` by default; columns ``>= V`` are padding and never 
 The verification step exchanges small per-row payloads through an injected
 ``all_gather(t: [rows, n]) -> [TP, rows, n]``; this module holds the shard geometry,
 the adapters to ``torch.distributed`` and to vLLM's ``GroupCoordinator`` (duck-typed:
-vLLM is not imported), a counting wrapper, and the one rule that picks the Triton or
-the torch implementation of a step (:func:`use_triton`).
+vLLM is not imported) and a counting wrapper. The rule that picks the Triton or the torch
+implementation of a step is :func:`.backend.use_triton`.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from .backend import check_backend, use_triton
 from .protocol import MAX_EXACT_FLOAT_ID
 
 #: ``all_gather(t [rows, n]) -> [TP, rows, n]`` (rank order).
 AllGather = Callable[[torch.Tensor], torch.Tensor]
-
-BACKENDS = ("auto", "torch", "triton")
-
-
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    try:
-        import triton
-        import triton.language
-    except ImportError:
-        return False
-    return hasattr(triton, "jit")
-
-
-def use_triton(backend: str, t: torch.Tensor) -> bool:
-    """The one backend rule: ``"triton"`` always (the CPU interpreter runs it off the GPU),
-    ``"torch"`` never, ``"auto"`` for CUDA tensors when Triton imports."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend == "triton" or (backend == "auto" and t.is_cuda and triton_available())
-
 
 def full_gather_bytes_per_row(vocab_size: int, dtype_bytes: int = 2) -> int:
     """Bytes each rank receives per row when gathering full logits (vLLM today)."""
@@ -51,7 +30,7 @@ def full_gather_bytes_per_row(vocab_size: int, dtype_bytes: int = 2) -> int:
 class ShardedRank:
     """One rank of a vocabulary-sharded group: the vocabulary, the group size, this rank's
     shard (``shard_width`` columns from ``col_offset``), the ``all_gather`` of the group and
-    the backend (``"auto"``, ``"torch"`` or ``"triton"``, see :func:`use_triton`)."""
+    the backend (``"auto"``, ``"torch"`` or ``"triton"``, see :func:`.backend.use_triton`)."""
 
     def __init__(self, vocab_size: int, tp_size: int, rank: int, all_gather: AllGather,
                  shard_width: int | None = None, backend: str = "auto"):
@@ -65,9 +44,7 @@ class ShardedRank:
         if self.shard_width * self.tp_size < self.vocab_size:
             raise ValueError("shards do not cover the vocabulary")
         self.col_offset = self.rank * self.shard_width
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.backend = backend
+        self.backend = check_backend(backend)
 
     def shard_lengths(self) -> list[int]:
         """Valid (non-padding) columns of each rank's shard, in rank order."""

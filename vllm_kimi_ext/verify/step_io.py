@@ -1,5 +1,7 @@
 """The verify step's device tensors: its per-row inputs (:class:`StepInputs`, fixed shapes,
-built with device ops only) and its outputs (:class:`StepOutput`). The host-side plan they
+built with device ops only), round 1's merged statistics that the later rounds read and
+update (:class:`Merged`), its outputs (:class:`StepOutput`) and the read-only constants a
+captured step shares (:func:`constant`). The host-side plan they
 travel with is :class:`~.protocol.StepPlan`."""
 
 from __future__ import annotations
@@ -87,3 +89,33 @@ class StepOutput:
 
     def tokens(self) -> list[list[int]]:
         return [row[:n] for row, n in zip(self.sampled.tolist(), self.num_sampled.tolist())]
+
+
+@dataclass
+class Merged:
+    """Per-row merged statistics, the input of the decision."""
+
+    gval: torch.Tensor  # float32: best Gumbel score (sampling) / max (greedy)
+    gidx: torch.Tensor  # int64: its token
+    lse: torch.Tensor  # float32: log-sum-exp of the kept set
+    sx: torch.Tensor  # float32: s_x - log q(x) if x is kept, else -inf
+    res_tok: torch.Tensor  # int64: residual sample (probabilistic drafts), -1 if none
+    uncertified: torch.Tensor  # bool
+    nucleus_margin: torch.Tensor  # float64
+    #: int64: size of the kept set (rows with a cut; -1 elsewhere). Diagnostic only.
+    n_kept: torch.Tensor | None = None
+    #: float32: the row's maximum of ``z / T`` (rows with a cut; read by the split
+    #: escalation and the histogram escalation).
+    row_max: torch.Tensor | None = None
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(n: int, value, dtype: torch.dtype, device) -> torch.Tensor:
+    """A cached read-only ``[n]`` tensor filled with ``value``, made on first use (the
+    eager warm-up, before any capture): a captured step reads it with no fill launch."""
+    key = (n, value if value == value else "nan", dtype, str(device))
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.full((n,), value, dtype=dtype, device=device)
+    return _CONSTANTS[key]

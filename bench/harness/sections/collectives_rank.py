@@ -82,9 +82,9 @@ def bench_rank(rank: int, target_dir: str, rows: int, draft_cases: list,
     if draft_cases:
         from testkit import draft_scenarios as ds
 
-        out["kimi_projection"]["EAGLE-3 draft token (1 layer, full vocab), 1 row"] = \
+        out["kimi_projection"]["EAGLE-3 draft token (1 layer, full vocab), 1 row"] = (
             ds.expected_draft_pass(num_layers=1, hidden=KIMI["hidden_size"],
-                                   draft_vocab=KIMI["vocab_size"], tp=KIMI_TP, rows=1)
+                                   draft_vocab=KIMI["vocab_size"], tp=KIMI_TP, rows=1))
     for case in draft_cases:
         try:
             from testkit import draft_scenarios as ds

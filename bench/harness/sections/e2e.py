@@ -62,9 +62,9 @@ def run_e2e(ctx: Context) -> Outcome:
             skipped.append((f"prompts {d}", p["note"] or "built-in prompts used"))
     not_run = [r for r in runs if r["status"] != "ok"]
     if not_run:
-        reasons = sorted({r["reason"] or r["status"] for r in not_run if
-                          r["status"] == "server_failed"}) or \
-            sorted({r["reason"] or r["status"] for r in not_run})
+        reasons = (sorted({r["reason"] or r["status"] for r in not_run if
+                          r["status"] == "server_failed"}) or
+            sorted({r["reason"] or r["status"] for r in not_run}))
         skipped.append((f"serving ({len(not_run)} of {len(runs)} launches)",
                         "; ".join(reasons)))
     e2e_md = (out_dir / "report.md").read_text() if (out_dir / "report.md").is_file() else ""

@@ -183,8 +183,8 @@ def yarn_rope(cfg: dict, file: Path) -> dict:
             f"{rope.get('rope_type') or rope.get('type')!r} (only YaRN has an attention "
             "factor)", file=file, field="rope_scaling.rope_type", expected="yarn")
     factor = rope.get("factor")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
-            or not math.isfinite(factor) or factor <= 1:
+    if (isinstance(factor, bool) or not isinstance(factor, (int, float))
+            or not math.isfinite(factor) or factor <= 1):
         raise UserInputError(f"{file}: field rope_scaling.factor: expected a number > 1, got "
                              f"{factor!r}", file=file, field="rope_scaling.factor",
                              expected="a number > 1")

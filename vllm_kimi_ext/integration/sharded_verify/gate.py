@@ -228,8 +228,8 @@ def _runner_reason(runner, input_batch, grammar_output, vocab_size) -> str | Non
         return "rejection_sampler_type"
     if _read(rs, "rejection_sampler", "use_block_verification"):
         return "block_verification"
-    if _read(rs, "rejection_sampler", "synthetic_conditional_rates") is not None \
-            or _read(rs, "rejection_sampler", "fly_window_size"):
+    if (_read(rs, "rejection_sampler", "synthetic_conditional_rates") is not None
+            or _read(rs, "rejection_sampler", "fly_window_size")):
         return "lossy_rejection_method"
     if _read(rs, "rejection_sampler", "enable_adaptive_verification"):
         return "adaptive_verification"

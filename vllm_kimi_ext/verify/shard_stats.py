@@ -23,15 +23,15 @@ slot   meaning
 ``<= tie_col`` (an exact min-p/top-k/top-p cut already merged over ranks: the
 rank's share of a prefix of the row in (value, id) order); it sets every other
 ``s_v`` and the padding to ``-inf``. When every row is greedy only slots 0-1 are
-produced (``width=2``: 8 bytes per row). The graph step
-(:mod:`.graph_step`) sends these statistics in its stats-only steps and runs them on
-escalated rows; :func:`merge_argmax` is its merge of ``(max, argmax)`` pairs.
+produced (``width=2``: 8 bytes per row). Round 1 (:mod:`.stats`) sends these statistics in
+stats-only steps and the escalation (:mod:`.escalate`) runs them on gathered whole rows;
+:func:`.rowmath.merge_argmax` merges the ``(max, argmax)`` pairs.
 
 Two implementations with the same contract:
 
 * :func:`shard_local_stats_torch`: fused torch ops; runs anywhere (CPU in CI)
   and is the reference of the Triton kernel.
-* Triton kernels (:mod:`._triton_kernels`; grid ``rows x splits``: each
+* Triton kernels (:mod:`._kernels.stats`; grid ``rows x splits``: each
   program streams a slice of the shard once, keeping an online max/sum-exp
   and a running Gumbel-argmax; a second tiny kernel merges the splits; row
   keys are derived in-kernel). Used automatically for CUDA tensors when
@@ -51,8 +51,8 @@ import functools
 
 import torch
 
+from .backend import use_triton
 from .hashing import DOMAIN_GUMBEL, gumbel_noise, row_keys
-from .ranks import use_triton
 from .rowmath import scale_logits
 
 NEG_INF = float("-inf")
@@ -61,6 +61,8 @@ NEG_INF = float("-inf")
 # ---------------------------------------------------------------------------
 # fused torch implementation
 # ---------------------------------------------------------------------------
+
+
 def masked_scaled_shard(
     logits_shard: torch.Tensor,
     temperature: torch.Tensor,
@@ -145,8 +147,10 @@ def shard_local_stats_torch(
 
 
 # ---------------------------------------------------------------------------
-# Triton implementation (lazy)
+# Triton launcher (the kernels: _kernels/stats.py)
 # ---------------------------------------------------------------------------
+
+
 @functools.lru_cache(maxsize=16)
 def _num_sms_cached(index: int) -> int:
     try:
@@ -194,7 +198,7 @@ def shard_local_stats_triton(
     program streams ``ceil(blocks / splits)`` tiles of ``block`` columns.
     Issues no host synchronisation (CUDA-graph capturable).
     """
-    from . import _triton_kernels as tk
+    from ._kernels import stats as ks
 
     if logits_shard.stride(1) != 1:
         logits_shard = logits_shard.contiguous()
@@ -224,7 +228,7 @@ def shard_local_stats_triton(
         pm = torch.empty((R, splits), dtype=torch.float32, device=dev)
         parts = (pm, torch.empty_like(pm), torch.empty_like(pm),
                  torch.empty((R, splits), dtype=torch.int32, device=dev))
-    tk.launch_stats(logits_shard, temp, thr, lim, _as(draft, torch.int64),
+    ks.launch_stats(logits_shard, temp, thr, lim, _as(draft, torch.int64),
                     _as(seeds, torch.int64), _as(positions, torch.int64), out, parts, n_valid,
                     col_offset, chunk, splits,
                     threshold is not None, bool(exclude_draft), block, num_warps, width)
@@ -255,19 +259,8 @@ def shard_local_stats(
     (the one-hot residual); False for probabilistic drafts. ``width``: 4, or 2
     when every row is greedy (only ``gval, gidx`` are exchanged then).
     """
-    fn = shard_local_stats_triton if use_triton(backend, logits_shard) else shard_local_stats_torch
-    return fn(logits_shard, temperature, threshold, draft, seeds, positions, col_offset,
-              vocab_size, exclude_draft, width, tie_col)
-
-
-# ---------------------------------------------------------------------------
-# merge of the gathered statistics + the accept/reject decisions
-# ---------------------------------------------------------------------------
-def merge_argmax(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Best ``(value, id)`` over ranks ``[TP, n]``: max value, then lowest id."""
-    best = vals.max(dim=0).values
-    cand = torch.where(vals == best[None, :], idx, torch.full_like(idx, float("inf")))
-    tok = cand.min(dim=0).values
-    # NaN rows: nothing equals the max; keep the lowest id reported.
-    tok = torch.where(torch.isinf(tok), idx.min(dim=0).values, tok)
-    return best, tok.to(torch.int64)
+    args = (logits_shard, temperature, threshold, draft, seeds, positions, col_offset,
+            vocab_size, exclude_draft, width, tie_col)
+    if use_triton(backend, logits_shard):
+        return shard_local_stats_triton(*args)
+    return shard_local_stats_torch(*args)

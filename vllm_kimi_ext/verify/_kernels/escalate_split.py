@@ -1,4 +1,5 @@
-"""The escalation's whole-row cut for bf16 logits, split over many programs per row.
+"""Triton kernels of the whole-row escalation's cut for bf16 logits (launched from
+:mod:`..escalate.rows`), split over many programs per row.
 
 Two launches per step, each ``slots x chunks`` programs (a slot that is not
 real returns at once, so a step where no row escalates costs two empty launches):
@@ -37,24 +38,41 @@ eager call, before any capture.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ._triton_kernels import _LAUNCH_LOCK, _gumbel, _key_value, _okey, _row_keys
-from .hashing import DOMAIN_GUMBEL
+from ..hashing import DOMAIN_GUMBEL
+from .common import (
+    _LAUNCH_LOCK,  # noqa: F401  (the launchers take the lock from here)
+    _gumbel,
+    _key_value,
+    _okey,
+    _row_keys,
+)
 
 _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
+
+
+
 #: Ordered 16-bit keys: one bin per bf16 bit pattern.
 BINS = 65536
+
 _BINS = tl.constexpr(BINS)
+
 #: Columns per program.
 CHUNK = 2048
+
 #: Histogram keys per step of the walk.
 WALK = 256
+
 #: Warps of the histogram and of the statistics launch.
 HIST_WARPS = 4
+
 STATS_WARPS = 8
+
+#: float64 partials per chunk of ``_esc_stats_kernel``.
+NPART = 9
+
 
 
 @triton.jit
@@ -68,6 +86,7 @@ def _band(m, tp, n_cols):
     return tl.where(tp < 1.0, (m.to(tl.float64) - delta).to(tl.float32), float("inf"))
 
 
+
 @triton.jit
 def _chunk(g_ptr, rank_stride, slot_off, S, n_cols, chunk, C: tl.constexpr):
     """Columns, validity and bf16 logits of one chunk of a gathered ``[TP, E, S]`` row."""
@@ -77,6 +96,7 @@ def _chunk(g_ptr, rank_stride, slot_off, S, n_cols, chunk, C: tl.constexpr):
     z = tl.load(g_ptr + r.to(tl.int64) * rank_stride + slot_off + (c - r * S), mask=ok,
                 other=0.0)
     return c, ok, z
+
 
 
 @triton.jit
@@ -95,6 +115,7 @@ def _load_chunk(g_ptr, rank_stride, slot_stride, S, n_cols, slot, chunk, idx_ptr
     inset = ok & (s >= cutv) & (s > float("-inf"))
     hin = inset & (s >= _band(m, tp, n_cols))
     return row, t, tp, m, cutv, c, ok, z, s, _okey(z), inset, hin
+
 
 
 @triton.jit
@@ -175,6 +196,7 @@ def _esc_hist_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_p
     tl.store(need_ptr + slot, need)
     tl.store(slo_ptr + slot, slo)
     tl.store(margin_ptr + row, margin)
+
 
 
 @triton.jit
@@ -290,102 +312,3 @@ def _esc_stats_kernel(g_ptr, rank_stride, slot_stride, S, n_cols, idx_ptr, real_
     tl.store(lse_ptr + row, lse.to(tl.float32))
     tl.store(sx_ptr + row, sx)
     tl.store(defer_ptr + row, tl.zeros((), tl.int8))
-
-
-#: float64 partials per chunk of ``_esc_stats_kernel``.
-NPART = 9
-def _scratch(store: dict, dev: torch.device, slots: int) -> dict:
-    """The persistent zeroed histogram, highest keys and counters for ``slots`` slots,
-    kept in ``store`` (one per verification step: simulated ranks sharing a device must
-    not share it)."""
-    key = str(dev)
-    cur = store.get(key)
-    if cur is None or cur["hist"].shape[0] < slots:
-        if cur is not None:  # a captured graph may still use it: keep it alive
-            store.setdefault("retired", []).append(cur)
-        n = max(slots, 1)
-        cur = store[key] = {
-            "hist": torch.zeros((n, BINS), dtype=torch.int32, device=dev),
-            "top": torch.zeros(n, dtype=torch.int32, device=dev),
-            "done": torch.zeros((2, n), dtype=torch.int32, device=dev),
-        }
-    return cur
-
-
-def escalate_one_hot_bf16(
-    g,  # [TP, E, S] bf16: the gathered shard rows of the E slots
-    idx,  # [E] int64: the row of each slot
-    real,  # [E] int8: the slot holds an uncertified row
-    inp,  # StepInputs
-    merged,  # Merged (updated in place; row_max [rows] float32 required)
-    vocab_size: int,
-    deferred,  # [rows] int8
-    store: dict,  # the step's persistent scratch
-):
-    """The escalation of one-hot drafts on gathered bf16 rows ``g [TP, E, S]``; updates
-    ``merged`` and ``deferred`` (int8) in place. ``merged.row_max`` must hold each row's
-    maximum of ``z / T`` (round 1's merge); ``store`` keeps the step's scratch."""
-    TP, E, S = g.shape
-    if g.stride(2) != 1:
-        g = g.contiguous()
-    dev = g.device
-    sc = _scratch(store, dev, E)
-    nch = triton.cdiv(vocab_size, CHUNK)
-    pch = triton.next_power_of_2(nch)
-    partz = torch.empty((E, nch), dtype=torch.float64, device=dev)
-    lo = torch.empty(E, dtype=torch.int32, device=dev)
-    need = torch.empty(E, dtype=torch.int32, device=dev)
-    slo = torch.empty(E, dtype=torch.float32, device=dev)
-    part = torch.empty((E, nch, NPART), dtype=torch.float64, device=dev)
-    temp, minp = inp.temperature.contiguous(), inp.min_p.contiguous()
-    with _LAUNCH_LOCK:
-        _esc_hist_kernel[(E, nch)](
-            g, g.stride(0), g.stride(1), S, vocab_size, idx, real, temp, minp,
-            inp.top_p.contiguous(), merged.row_max, sc["hist"], sc["top"], sc["done"][0],
-            partz, lo, need, slo, merged.nucleus_margin, nch,
-            C=CHUNK, PCH=pch, BK=WALK, num_warps=HIST_WARPS)
-    with _LAUNCH_LOCK:
-        _esc_stats_kernel[(E, nch)](
-            g, g.stride(0), g.stride(1), S, vocab_size, idx, real, temp, minp,
-            inp.top_p.contiguous(), merged.row_max, inp.draft.contiguous(), inp.seeds.contiguous(),
-            inp.positions.contiguous(), sc["hist"], sc["done"][1], lo, need, slo, part, nch,
-            merged.gval, merged.gidx, merged.lse, merged.sx, deferred,
-            C=CHUNK, PCH=pch, NPART=NPART, num_warps=STATS_WARPS)
-    return deferred
-
-
-@triton.jit
-def _pick_kernel(unc_ptr, rin_ptr, R, idx_ptr, real_ptr, defer_ptr,
-                 E: tl.constexpr, RP: tl.constexpr):
-    """The escalation slots: the ``E`` uncertified rows first in (row within request,
-    row) order; also the deferred-rows buffer initialised to the uncertified rows."""
-    r = tl.arange(0, RP)
-    ok = r < R
-    u = (tl.load(unc_ptr + r, mask=ok, other=0) != 0) & ok
-    rin = tl.load(rin_ptr + r, mask=ok, other=0).to(tl.int64)
-    big = 2**62
-    key = tl.where(u, rin * (R + 1) + r, big)
-    sk = tl.sort(key, dim=0)
-    valid = sk < big
-    row = tl.where(valid, sk % (R + 1), 0)
-    tl.store(idx_ptr + r, row, mask=r < E)
-    tl.store(real_ptr + r, valid.to(tl.int8), mask=r < E)
-    tl.store(defer_ptr + r, u.to(tl.int8), mask=ok)
-
-
-def pick_slots(
-    uncertified,  # [rows] int8 / bool
-    row_in_req,  # [rows] int64
-    slots: int,
-):
-    """Triton :func:`.step_torch.pick_slots`; returns ``(idx, real, deferred int8)``."""
-    R = uncertified.shape[0]
-    dev = uncertified.device
-    idx = torch.empty(slots, dtype=torch.int64, device=dev)
-    real = torch.empty(slots, dtype=torch.int8, device=dev)
-    deferred = torch.empty(R, dtype=torch.int8, device=dev)
-    with _LAUNCH_LOCK:
-        _pick_kernel[(1,)](uncertified.to(torch.int8), row_in_req.contiguous(), R, idx, real,
-                           deferred, E=slots, RP=triton.next_power_of_2(max(R, slots)),
-                           num_warps=4)
-    return idx, real, deferred
