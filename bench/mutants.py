@@ -58,7 +58,8 @@ PACKAGES: dict[str, Package] = {
         # (the split escalation's kernels have their own package below, with the
         # interpreter test)
         exclude=tuple(f"vllm_kimi_ext/verify/_kernels/{m}.py" for m in (
-            "__init__", "common", "stats", "merge", "decide", "escalate_rows", "escalate_split")),
+            "__init__", "common", "stats", "merge", "decide", "escalate_rows", "escalate_split",
+            "escalate_folded")),
         tests=("tests/unit/test_mutants_verify.py", "tests/unit/test_verify_plan.py",
                "tests/unit/test_verify_graph_step.py", "tests/unit/test_verify_step_graphs.py",
                "tests/unit/test_verify_escalation_pins.py", "tests/unit/test_verify_hashing.py",

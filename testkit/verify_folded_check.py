@@ -1,9 +1,9 @@
-"""The folded escalation's Triton kernels (``verify/_folded_kernels.py``) run by Triton's CPU
-interpreter:
+"""The folded escalation's Triton kernels (``verify/_kernels/escalate_folded.py``, launched
+from ``verify/escalate/folded.py``) run by Triton's CPU interpreter:
 
 1. ``send``: the send buffer (``_fold_send_kernel``, 16-column splits): each key slot's
    further candidates equal their torch body
-   (:func:`~vllm_kimi_ext.verify.escalate_folded.further_candidates_torch`) on bf16 rows with
+   (:func:`~vllm_kimi_ext.verify.escalate.folded.further_candidates_torch`) on bf16 rows with
    many tied values and a padded tail, each whole-row slot's bytes are its shard row, an
    empty slot's bytes are never written (the buffer's sentinel stays), and the per-slot
    counters are zero again after the launch;
@@ -34,16 +34,12 @@ from testkit.verify_cases import (
     ties_past_the_cut,
 )
 from testkit.verify_graph_sim import check_graph_step
-from vllm_kimi_ext.verify import _folded_kernels as fk
-from vllm_kimi_ext.verify.escalate_folded import SENT32, further_candidates_torch
+from vllm_kimi_ext.verify._kernels import escalate_folded as kf
+from vllm_kimi_ext.verify.escalate.folded import SENT32, further_candidates_torch, send_folded
 from vllm_kimi_ext.verify.protocol import folded_round_bytes
 
 #: A byte no real send writes over a whole empty slot (an empty slot must stay all of it).
 UNWRITTEN = 0xA5
-
-
-class _Step:
-    """What ``send_folded`` reads of a step: its persistent scratch lives here."""
 
 
 def check_send(seed: int) -> dict:
@@ -58,9 +54,8 @@ def check_send(seed: int) -> dict:
                            (8, 40, 2, (0, 1, 1, 0, 1)), (30, 40, 1, (1, 1, 1, 0, 1))):
         real8 = torch.tensor(real, dtype=torch.int8)
         nbytes = folded_round_bytes(E, W2, F, S, 2)
-        step = _Step()
-        buf = fk.send_folded(step, z, idx, real8, W, W2, F, n_valid, nbytes,
-                             fill=UNWRITTEN)[0]
+        store: dict = {}  # the step's folded scratch: the send kernel's counters
+        buf = send_folded(store, z, idx, real8, W, W2, F, n_valid, nbytes, fill=UNWRITTEN)[0]
         kb = (E - F) * W2 * 4
         keys = buf[:kb].view(torch.int32).view(E - F, W2)
         rows = buf[kb:kb + F * S * 2].view(torch.bfloat16).view(F, S)
@@ -74,7 +69,7 @@ def check_send(seed: int) -> dict:
                 assert torch.equal(got, z[idx[s]]), (W, W2, F, s, "whole row differs")
             else:
                 assert torch.equal(got, want[s - F]), (W, W2, F, s, got, want[s - F])
-        assert int(step._folded_scratch[str(z.device)].abs().sum()) == 0, "counters left set"
+        assert int(store[str(z.device)].abs().sum()) == 0, "counters left set"
         out.append({"W": W, "W2": W2, "F": F, "sentinels": int((want == SENT32).sum())})
     return {"kind": "send", "seed": seed, "widths": out}
 
@@ -107,7 +102,7 @@ CASES = (("ties_past_cut", 64, 0, 2), ("ties_past_cut_draft", 64, 1, 2), ("deep_
 
 
 def main(argv: list[str] | None = None) -> int:
-    fk.CHUNK = 16
+    kf.CHUNK = 16
     # the interpreter is slow: give the simulated ranks' all-gather barrier time
     verify_simulate.ThreadedGroup.__init__.__defaults__ = (1800.0,)
     verify_simulate.run_ranks.__defaults__ = (1800.0,)

@@ -48,6 +48,7 @@ import dataclasses
 import torch
 
 from vllm_kimi_ext.verify.escalate import rows as escalate_rows
+from vllm_kimi_ext.verify.escalate.folded import key_values, ordered_key16
 from vllm_kimi_ext.verify.escalate.rows import exact_cut, pick_slots
 from vllm_kimi_ext.verify.graph_step import GraphVerifyStep, StepGraphs
 from vllm_kimi_ext.verify.protocol import FLOAT_BYTES, Round, StepPlan
@@ -76,19 +77,6 @@ DEFAULT_ROW_FALLBACK_SLOTS = 1
 #: within it; the reference's own rounding flips are certified at the same 1e-9).
 EDGE_TOL = 1e-9
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def ordered_key16(z: torch.Tensor) -> torch.Tensor:
-    """int64 ordered key in ``[0, 65536)`` of 16-bit float ``z`` (``-0.0`` keyed as ``+0.0``)."""
-    b = z.view(torch.int16).to(torch.int64)
-    b = torch.where(b == -32768, torch.zeros_like(b), b)
-    return (b ^ ((b >> 15) & 0x7FFF)) + 32768
-
-
-def key_values(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The 16-bit float values (``dtype``) of ordered keys (inverse of :func:`ordered_key16`)."""
-    o = key - 32768
-    return (o ^ ((o >> 15) & 0x7FFF)).to(torch.int16).view(dtype)
 
 
 def _walk(mass_desc: torch.Tensor, start: torch.Tensor, target: torch.Tensor):
@@ -320,12 +308,12 @@ class HistEscalation:
     else the whole-row escalation."""
 
     @staticmethod
-    def resolve(rank, logits_shard, inp, plan, merged, q_full, *, scratch, triton):
+    def resolve(rank, logits_shard, inp, plan, merged, q_full, *, g, scratch, triton):
         if isinstance(plan, HistPlan) and q_full is None:
             return escalate_hist(logits_shard, inp, plan, merged, rank.all_gather, rank.rank,
                                  rank.col_offset, rank.vocab_size,
                                  "triton" if triton else "torch")
-        return escalate_rows.resolve(rank, logits_shard, inp, plan, merged, q_full,
+        return escalate_rows.resolve(rank, logits_shard, inp, plan, merged, q_full, g=g,
                                      scratch=scratch, triton=triton)
 
 

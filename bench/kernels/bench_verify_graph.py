@@ -27,7 +27,7 @@ Modes: ``top_p_T1`` (T = 1.0, top_p 0.95: Kimi's thinking mode), ``top_p_T0.6``
   all-gathers, ``testkit/verify_hist_step.py``, not shipped) in its place; the plan's
   escalation is in each case's ``plan``. ``--escalation folded`` times the folded escalation
   (``StepPlan.escalation == "folded"``: further candidates and one whole-row slot in one
-  small all-gather, ``verify/escalate_folded.py``; at one request it is the whole-row plan)
+  small all-gather, ``verify/escalate/folded.py``; at one request it is the whole-row plan)
   as ``ours`` and, side by side in the same alternating rounds, the whole-row step as
   ``ours_rows`` (its bytes in ``ours_rows_bytes_sent``; ``ours_rows_equals_ours``: the same
   tokens, a request the folded step deferred emitting a prefix of them).

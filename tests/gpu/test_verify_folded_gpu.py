@@ -1,4 +1,5 @@
-"""The folded escalation on a CUDA device (``verify/_folded_kernels.py``).
+"""The folded escalation on a CUDA device (``verify/escalate/folded.py``, its kernels in
+``verify/_kernels/escalate_folded.py``).
 
 * The send kernel (Triton) writes each key slot's further candidates equal to their torch body
   bit for bit at Kimi's shard width (W = 128, W2 = 384) on tie-heavy bf16 rows, each
@@ -40,12 +41,8 @@ def _tied(n, seed, top_p, flat=False, temp=1.0, peaked=False):
 
 def test_send_buffer_equals_torch():
     from testkit.verify_folded_check import UNWRITTEN
-    from vllm_kimi_ext.verify import _folded_kernels as fk
-    from vllm_kimi_ext.verify.escalate_folded import further_candidates_torch
+    from vllm_kimi_ext.verify.escalate.folded import further_candidates_torch, send_folded
     from vllm_kimi_ext.verify.protocol import folded_round_bytes
-
-    class Step:
-        pass
 
     S = V // TP
     _, z = _tied(4, 1, 0.95)
@@ -54,9 +51,9 @@ def test_send_buffer_equals_torch():
     real = torch.tensor([1, 0, 1, 1, 0], dtype=torch.int8, device="cuda")
     for W, W2, F, n_valid in ((128, 384, 1, S), (128, 384, 1, S - 7), (4, 64, 0, S),
                               (128, 384, 2, S)):
-        step = Step()
-        buf = fk.send_folded(step, shard, idx, real, W, W2, F, n_valid,
-                             folded_round_bytes(5, W2, F, S, 2), fill=UNWRITTEN)[0]
+        store: dict = {}  # the step's folded scratch: the send kernel's counters
+        buf = send_folded(store, shard, idx, real, W, W2, F, n_valid,
+                          folded_round_bytes(5, W2, F, S, 2), fill=UNWRITTEN)[0]
         kb = (5 - F) * W2 * 4
         keys = buf[:kb].view(torch.int32).view(5 - F, W2)
         rows = buf[kb:kb + F * S * 2].view(torch.bfloat16).view(F, S)
@@ -69,7 +66,7 @@ def test_send_buffer_equals_torch():
                 assert torch.equal(got, shard[idx[s]]), (W, W2, F, s)
             else:
                 assert torch.equal(got, want[s - F]), (W, W2, F, s)
-        assert int(step._folded_scratch[str(shard.device)].abs().sum()) == 0
+        assert int(store[str(shard.device)].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("flat", [False, True])

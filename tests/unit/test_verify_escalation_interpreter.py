@@ -148,7 +148,7 @@ def test_a_subprocess_over_its_cap_is_reported_as_a_timeout():
 @pytest.mark.slow
 @linux_only
 def test_folded_escalation_in_interpreter():
-    """The folded escalation's kernels (``verify/_folded_kernels.py``, 16-column splits;
+    """The folded escalation's kernels (``verify/_kernels/escalate_folded.py``, 16-column splits;
     ``testkit.verify_folded_check``): the send buffer equals the torch bodies and leaves empty
     slots unwritten (two seeds); the graph step on the Triton backend equals the reference
     and the torch backend's tokens and deferrals on the pins and tie-heavy rows, with wide

@@ -1,4 +1,4 @@
-"""The folded escalation (``StepPlan.escalation == "folded"``, ``verify/escalate_folded.py``):
+"""The folded escalation (``StepPlan.escalation == "folded"``, ``verify/escalate/folded.py``):
 further candidates per escalated row and a whole-row slot in one small all-gather, then round
 1's own merge and certificate over ``W + W2`` candidates per rank.
 
@@ -19,7 +19,7 @@ from testkit.verify_equivalence import chi_square
 from testkit.verify_graph_sim import check_graph_step
 from testkit.verify_simulate import simulate_graph_step
 from vllm_kimi_ext.verify import VerifyBatch
-from vllm_kimi_ext.verify.escalate_folded import (
+from vllm_kimi_ext.verify.escalate.folded import (
     SENT32,
     decode_keys,
     further_candidates_torch,
@@ -28,7 +28,7 @@ from vllm_kimi_ext.verify.escalate_folded import (
 from vllm_kimi_ext.verify.protocol import folded_round_bytes, plan_step
 from vllm_kimi_ext.verify.reference import sampling_keep_mask
 from vllm_kimi_ext.verify.rowmath import scale_logits
-from vllm_kimi_ext.verify.step_torch import local_top
+from vllm_kimi_ext.verify.stats import local_top
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

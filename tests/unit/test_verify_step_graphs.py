@@ -94,6 +94,35 @@ def test_uncaptured_steps_are_counted_and_logged_once(caplog):
     assert len(logged) == 3 and any("plan_not_captured" in m for m in logged)
 
 
+def test_a_folded_plan_does_not_replay_a_whole_row_graph():
+    """The captured top-p graphs hold the whole-row escalation (``"rows"``); a folded plan
+    (``StepPlan.escalation == "folded"``, different launches and all-gather sizes) of the
+    same shape runs eagerly, counted as ``plan_not_captured``, and decides as the eager
+    step does."""
+    V, k, n = 600, 3, 2
+    step = GraphVerifyStep(V, 1, 0, lambda t: t[None], backend="torch")
+    graphs = StepGraphs(step, max_reqs=2, rows_per_req=k + 1, capture_sizes=(2,))
+    graphs.warm_up(torch.bfloat16, "cpu")
+    g = torch.Generator().manual_seed(5)
+    b = VerifyBatch.from_draft_tokens(torch.randint(0, V, (n, k), generator=g), [1.0] * n,
+                                      list(range(n)), top_p=[0.9] * n)
+    z = torch.randn(b.num_rows, V, generator=g).to(torch.bfloat16)
+    inp = StepInputs.from_layout(b.layout(), V)
+    kw = dict(tp_size=1, vocab_size=V, num_rows=b.num_rows, max_rows_per_req=k + 1,
+              shard_width=V)
+    params = [{"temperature": 1.0, "top_p": 0.9}] * n
+    rows = plan_from_params(params, **kw)
+    folded = plan_from_params(params, **kw, escalation="folded", row_fallback_slots=0)
+    assert (rows.escalation, folded.escalation) == ("rows", "folded")
+    graphs(z, inp, rows)
+    assert graphs.replayed == 1 and not graphs.uncaptured
+    out = graphs(z, inp, folded)
+    assert graphs.uncaptured == {"plan_not_captured": 1} and graphs.replayed == 1
+    eager = step.run(z, inp, folded)
+    assert torch.equal(out.sampled, eager.sampled)
+    assert torch.equal(out.num_sampled, eager.num_sampled)
+
+
 def test_graphs_warmed_up_for_bare_cuda_are_found_by_the_logits_device(monkeypatch):
     """Warm-up with ``"cuda"`` (no index) keys its graphs by the current device, ``cuda:N``,
     as the logits' ``str(device)`` reads while serving: a bare ``"cuda"`` key was never found

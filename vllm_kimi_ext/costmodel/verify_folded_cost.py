@@ -2,7 +2,7 @@
 (:mod:`.verify_cost`): measured per-rank compute plus each all-gather on the PCIe collective
 model, bytes from the plan's own buffer shapes.
 
-The folded escalation (``verify/escalate_folded.py``, ``StepPlan.escalation == "folded"``)
+The folded escalation (``verify/escalate/folded.py``, ``StepPlan.escalation == "folded"``)
 replaces the whole-row round of a top-p step (``E x S x 2`` bytes per rank, one shard row per
 request) by one all-gather of ``E x W2 x 4 + F x S x 2`` bytes per rank: ``W2`` further
 candidates per picked row as int32 keys and ``F`` whole-row slots. Its report

@@ -111,10 +111,10 @@ class GraphVerifyStep(ShardedRank):
                          plan.num_rows, plan.round1_width)
         if plan.stats_only:
             return decide.decide_stats_only(g, inp, plan, V, triton=tri)
-        merged = merge.merge_round1(g, inp, plan, V, self.rank_valid(g.device), q_full,
-                                    triton=tri)
-        # round 2: the escalation of uncertified rows (none without slots)
-        deferred = escalate.resolve(self, logits_shard, inp, plan, merged, q_full,
+        merged = self.merge(g, inp, plan, q_full, triton=tri)
+        # round 2: the escalation of uncertified rows (none without slots); the folded kind
+        # merges round 1's payload ``g`` again over more candidates
+        deferred = escalate.resolve(self, logits_shard, inp, plan, merged, q_full, g=g,
                                     scratch=self._escalation_scratch, triton=tri,
                                     variants=self.escalations)
         sampled, num_sampled, drow, margin, stopped = decide.decide_merged(
@@ -128,6 +128,14 @@ class GraphVerifyStep(ShardedRank):
         return StepOutput(sampled=sampled, num_sampled=num_sampled, accept_margin=margin,
                           nucleus_margin=merged.nucleus_margin, uncertified=merged.uncertified,
                           deferred=deferred, stopped=stopped)
+
+    def merge(self, g: torch.Tensor, inp: StepInputs, plan: StepPlan,
+              q_full: torch.Tensor | None, *, triton: bool):
+        """Round 1's merge (:func:`.merge.merge_round1`) of gathered payloads ``g`` on this
+        rank; the folded escalation (:mod:`.escalate.folded`) runs it again over ``W + W2``
+        candidates per rank through here, as an escalation variant imports no other round."""
+        return merge.merge_round1(g, inp, plan, self.vocab_size, self.rank_valid(g.device),
+                                  q_full, triton=triton)
 
     def _gather(self, t: torch.Tensor, rows: int, width: int) -> torch.Tensor:
         g = self.all_gather(t)
@@ -342,7 +350,8 @@ class StepGraphs:
         canon = self.padded_plan(key[0], key[1])
         if key not in self._graphs or (plan.candidates, plan.escalation_slots > 0) != (
                 canon.candidates, canon.escalation_slots > 0) or (
-                plan.escalation_slots and plan.escalation_slots != plan.num_reqs):
+                plan.escalation_slots and plan.escalation_slots != plan.num_reqs) or (
+                plan.escalation != canon.escalation):
             return "plan_not_captured"
         return None
 

@@ -69,7 +69,7 @@ FLOAT_BYTES = 4
 #: per rank at 4-256 rows against 43-274 us for ``"rows"`` (``bench/reports/
 #: verify_hist_h200.json`` against ``verify_graph_vs_vllm_h200.json``, k = 3, Kimi's top-p
 #: modes, CUDA graphs); it lives in the test kit (``testkit/verify_hist_step.py``), not here.
-#: ``"folded"`` (:mod:`.escalate_folded`, never the default): the first
+#: ``"folded"`` (:mod:`.escalate.folded`, never the default): the first
 #: ``row_fallback_slots`` picked rows' whole shard rows and, for every further picked row,
 #: ``folded_candidates`` more round-1 candidates as int32 keys, in one all-gather.
 ESCALATIONS = ("rows", "folded")

@@ -36,11 +36,12 @@ NEG_INF = float("-inf")
 
 
 def resolve(rank: ShardedRank, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
-            merged: Merged, q_full: torch.Tensor | None, *, scratch: dict,
+            merged: Merged, q_full: torch.Tensor | None, *, g: torch.Tensor, scratch: dict,
             triton: bool) -> torch.Tensor:
     """Whole rows for the picked uncertified rows; updates ``merged`` in place and returns
     the deferred rows (uncertified, no slot). One-hot drafts on the Triton path: the split
-    bf16 escalation with the step's persistent ``scratch``."""
+    bf16 escalation with the step's persistent ``scratch``. ``g`` (round 1's gathered
+    payload, the variants' common signature) is not needed here."""
     all_gather, vocab_size = rank.all_gather, rank.vocab_size
     if triton and q_full is None:
         idx, real8, deferred = pick_slots_triton(merged.uncertified, inp.row_in_req,

@@ -4,7 +4,7 @@ the picked uncertified rows from one small all-gather, a whole shard row only fo
 
 Round 1 sends each rank's first ``W`` tokens of a row in the order (value desc, id asc) and
 certifies the cut when it provably lies inside the merged candidates
-(:func:`.step_torch.merge_round1_torch`). A row it cannot certify needs more of that order,
+(:mod:`..merge`). A row it cannot certify needs more of that order,
 not the whole row. Of the ``E = plan.escalation_slots`` picked rows (the whole-row
 escalation's slot order: every request's first row first) the first
 ``F = plan.row_fallback_slots`` are cut on their whole shard rows, as the ``"rows"``
@@ -12,23 +12,28 @@ escalation cuts every slot; for each other slot every rank sends the **next**
 ``W2 = plan.folded_candidates`` tokens of its shard in that order, each as one int32 (the
 16-bit ordered value key in the high half, ``65535 - local column`` in the low half: value
 and id exactly, in 4 bytes). Both go in **one** all-gather of
-:func:`.protocol.folded_round_bytes` bytes per rank. Every rank then runs round 1's own merge
+:func:`..protocol.folded_round_bytes` bytes per rank. Every rank then runs round 1's own merge
 and certificate again over ``W + W2`` candidates per rank for those slots: a row it certifies
 gets its kept set's statistics from the candidates (exact by round 1's argument); a row
 neither decides is **deferred**, as a row without a slot is (exact, never approximated; it
-shortens speculation, see :mod:`.graph_step`). With the defaults (``W2 = 384``, ``F = 1``)
+shortens speculation, see :mod:`..graph_step`). With the defaults (``W2 = 384``, ``F = 1``)
 an escalated row beyond the first costs 1,536 B per rank instead of a 40,960 B Kimi shard row.
 
 When no row escalates: a plan with ``E <= F`` is the ``"rows"`` plan
-(:func:`.protocol.folded_fields`), so the step is the whole-row step, launch for launch and
+(:func:`..protocol.folded_fields`), so the step is the whole-row step, launch for launch and
 byte for byte. With ``E > F`` the launches are fixed (a CUDA graph needs it) and each one
 returns at once for a slot without an uncertified row (read on the device, no host sync):
 no shard row is read or copied for an empty slot (``tests/unit/test_verify_folded_counts.py``
 counts both steps).
 
-Needs 16-bit logits and one-hot drafts (:func:`.protocol.folded_fields` refuses others) and
-shard width <= 65536. The torch functions here are the reference bodies of
-:mod:`._folded_kernels` (Triton), which the GPU path runs for bf16 logits.
+Needs 16-bit logits and one-hot drafts (:func:`..protocol.folded_fields` refuses others) and
+shard width <= 65536.
+
+:func:`resolve` is the variant: the torch bodies (any 16-bit logits) or, for bf16 logits on
+the Triton path, the launchers (:func:`send_folded`, :func:`escalate_folded_triton`; kernels
+in :mod:`.._kernels.escalate_folded`). Round 1's merge runs again through the step
+(``rank.merge``, :meth:`..graph_step.GraphVerifyStep.merge`): an escalation variant imports
+no other round. The whole-row slots are :mod:`.rows`'s cut.
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ import dataclasses
 
 import torch
 
-from .protocol import STAT_COLUMNS, StepPlan, folded_round_bytes
-from .step_io import StepInputs
-from .step_torch import Merged, escalate_torch, merge_round1_torch, pick_slots
+from ..protocol import STAT_COLUMNS, StepPlan, folded_round_bytes
+from ..ranks import ShardedRank
+from ..step_io import Merged, StepInputs
+from .rows import escalate_one_hot_triton, escalate_torch, pick_slots, pick_slots_triton
 
 #: The int32 key of "no token" (a rank with fewer than ``W + W2`` valid columns).
 SENT32 = -(2**31)
@@ -63,7 +69,7 @@ def key_values(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
-# the shard pass: the further candidates of the picked rows (torch twin of _folded_kernels)
+# the shard pass: the further candidates of the picked rows (torch twin of the send kernel)
 # ---------------------------------------------------------------------------
 def row_keys16(z: torch.Tensor, n_valid: int) -> torch.Tensor:
     """int64 ``[n, S]`` keys of 16-bit rows ``z``: ``(ordered value - 32768) * 65536 +
@@ -175,21 +181,22 @@ def check_folded(step, logits_shard: torch.Tensor) -> None:
                          f"{MAX_SHARD_WIDTH}, got {step.shard_width}")
 
 
-def escalate_folded(step, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
-                    merged: Merged, g: torch.Tensor, tri: bool) -> torch.Tensor:
-    """The folded escalation of :class:`.graph_step.GraphVerifyStep` ``step`` (one-hot drafts):
-    updates ``merged`` in place and returns the deferred rows (in the dtype of
-    ``merged.uncertified``). ``g``: round 1's gathered payload. ``tri``: the Triton kernels
-    (bf16 logits), else the torch bodies."""
-    check_folded(step, logits_shard)
-    if tri and logits_shard.dtype == torch.bfloat16:
-        from . import _folded_kernels as fk
-
-        return fk.escalate_folded_triton(step, logits_shard, inp, plan, merged, g)
+def resolve(rank: ShardedRank, logits_shard: torch.Tensor, inp: StepInputs, plan: StepPlan,
+            merged: Merged, q_full: torch.Tensor | None, *, g: torch.Tensor, scratch: dict,
+            triton: bool) -> torch.Tensor:
+    """The folded escalation of :class:`..graph_step.GraphVerifyStep` ``rank`` (one-hot
+    drafts: ``q_full`` is None, :func:`..protocol.folded_fields` refuses others): updates
+    ``merged`` in place and returns the deferred rows (in the dtype of
+    ``merged.uncertified``). ``g``: round 1's gathered payload. ``triton``: the Triton
+    kernels (bf16 logits), else the torch bodies; ``scratch``: the step's persistent
+    buffers."""
+    check_folded(rank, logits_shard)
+    if triton and logits_shard.dtype == torch.bfloat16:
+        return escalate_folded_triton(rank, logits_shard, inp, plan, merged, g, scratch)
     E, W, W2, F = (plan.escalation_slots, plan.candidates, plan.folded_candidates,
                    plan.row_fallback_slots)
-    S, V, dev = step.shard_width, step.vocab_size, logits_shard.device
-    n_valid = max(0, min(S, V - step.col_offset))
+    S, V, dev = rank.shard_width, rank.vocab_size, logits_shard.device
+    n_valid = max(0, min(S, V - rank.col_offset))
     unc = merged.uncertified.bool()
     idx, real = pick_slots(unc, inp.row_in_req, E)
     kidx, kreal = idx[F:], real[F:]
@@ -199,18 +206,120 @@ def escalate_folded(step, logits_shard: torch.Tensor, inp: StepInputs, plan: Ste
     nbytes = folded_round_bytes(E, W2, F, S, logits_shard.element_size())
     pad = nbytes - sum(p.numel() for p in send)
     send.append(torch.zeros(pad, dtype=torch.uint8, device=dev))
-    gb = step.all_gather(torch.cat(send)[None])[:, 0]
+    gb = rank.all_gather(torch.cat(send)[None])[:, 0]
     gkeys, grows = unpack(gb, E, W2, F, S, logits_shard.dtype)
     sub = slot_inputs(inp, kidx, kreal)
     vals, gids = decode_keys(gkeys, sub.temperature, S, logits_shard.dtype)
-    m2 = merge_round1_torch(slot_payload(g, kidx, W, vals, gids), sub, slot_plan(plan, E - F),
-                            V, step.rank_valid(dev), None)
+    m2 = rank.merge(slot_payload(g, kidx, W, vals, gids), sub, slot_plan(plan, E - F), None,
+                    triton=False)
     deferred = apply_certified(merged, m2, kidx, kreal, unc)
     if F:
         # the first F slots: the "rows" escalation's cut on the gathered whole rows
         whole = dataclasses.replace(plan, escalation_slots=F, escalation="rows",
                                     row_fallback_slots=0, folded_candidates=0)
         left = escalate_torch(logits_shard, inp, whole, merged, lambda _t: grows, V, None,
-                              "triton" if tri else "torch")
+                              "triton" if triton else "torch")
         deferred[idx[:F]] = left[idx[:F]]
     return deferred.to(merged.uncertified.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Triton launchers (the kernels: _kernels/escalate_folded.py)
+# ---------------------------------------------------------------------------
+
+def _counters(store: dict, dev: torch.device, n: int) -> torch.Tensor:
+    """The send kernel's persistent zeroed per-slot counters (each launch leaves them zeroed),
+    kept in ``store`` (the step's, allocated by its first, eager call, before any capture)."""
+    cur = store.get(str(dev))
+    if cur is None or cur.shape[0] < n:
+        if cur is not None:  # a captured graph may still use it: keep it alive
+            store.setdefault("retired", []).append(cur)
+        cur = store[str(dev)] = torch.zeros(max(n, 1), dtype=torch.int32, device=dev)
+    return cur
+
+
+def send_folded(store: dict, logits_shard, idx, real8, W: int, W2: int, F: int, n_valid: int,
+                nbytes: int, fill: int | None = None) -> torch.Tensor:
+    """This rank's send buffer (``[1, nbytes]`` uint8: the key slots' further candidates,
+    then the whole-row slots' shard rows) from one launch; empty slots write nothing
+    (``fill``: the byte the buffer starts with, for tests; default uninitialised).
+    ``store``: where the send kernel's counters persist (the step's folded scratch)."""
+    import triton
+
+    from .._kernels import escalate_folded as kf
+
+    E, S = idx.shape[0], logits_shard.shape[1]
+    dev = logits_shard.device
+    buf = (torch.empty(nbytes, dtype=torch.uint8, device=dev) if fill is None else
+           torch.full((nbytes,), fill, dtype=torch.uint8, device=dev))
+    kb = (E - F) * W2 * 4
+    keys = buf[:kb].view(torch.int32)
+    rows = buf[kb:kb + F * S * logits_shard.element_size()].view(logits_shard.dtype)
+    KP = triton.next_power_of_2(W + W2)
+    C = max(kf.CHUNK, KP)
+    nsplit = max(1, triton.cdiv(max(S, 1), C))
+    part = torch.empty((max(E - F, 1), nsplit, W + W2), dtype=torch.int32, device=dev)
+    done = _counters(store, dev, E - F)
+    with kf._LAUNCH_LOCK:
+        kf._fold_send_kernel[(E, nsplit)](
+            logits_shard, logits_shard.stride(0), idx, real8, part, done, keys, rows, S,
+            n_valid, nsplit, F=F, W=W, W2=W2, WT=W + W2, C=C, KP=KP,
+            PK=max(triton.next_power_of_2(nsplit * (W + W2)), KP), num_warps=8)
+    return buf[None]
+
+
+def escalate_folded_triton(step, logits_shard, inp, plan, merged, g, scratch: dict | None):
+    """:func:`resolve` on the Triton kernels (bf16 logits); ``scratch``: the step's
+    persistent buffers (the send kernel's counters under ``"folded"``, the whole-row
+    slots' split escalation beside them)."""
+    E, W, W2, F = (plan.escalation_slots, plan.candidates, plan.folded_candidates,
+                   plan.row_fallback_slots)
+    S, V = step.shard_width, step.vocab_size
+    if logits_shard.stride(1) != 1:
+        logits_shard = logits_shard.contiguous()
+    n_valid = max(0, min(S, V - step.col_offset))
+    idx, real8, deferred = pick_slots_triton(merged.uncertified, inp.row_in_req, E)
+    nbytes = folded_round_bytes(E, W2, F, S, logits_shard.element_size())
+    # no scratch: the one-program-per-row escalation switched on by the benchmark (fresh
+    # zeroed counters then, as each launch leaves them)
+    store = {} if scratch is None else scratch.setdefault("folded", {})
+    buf = send_folded(store, logits_shard, idx, real8, W, W2, F, n_valid, nbytes)
+    gb = step.all_gather(buf)[:, 0]
+    gkeys, grows = unpack(gb, E, W2, F, S, logits_shard.dtype)
+    if E > F:
+        _merge_key_slots(step, g, gkeys, idx[F:], real8[F:], inp, plan, merged, deferred)
+    if F:
+        escalate_one_hot_triton(grows, idx[:F], real8[:F], inp, merged, V, deferred, scratch)
+    return deferred
+
+
+def _merge_key_slots(step, g, gkeys, kidx, kreal, inp, plan, merged, deferred) -> None:
+    """Round 1's merge again over ``W + W2`` candidates per rank for the key slots; the rows
+    it certifies are copied over ``merged`` and cleared in ``deferred``."""
+    import triton
+
+    from .._kernels import escalate_folded as kf
+
+    n, W, W2 = kidx.shape[0], plan.candidates, plan.folded_candidates
+    dev, TP, WT = g.device, gkeys.shape[0], W + W2
+    g = g if g.dtype == torch.float32 and g.stride(2) == 1 else g.float().contiguous()
+    g2 = torch.empty((TP, n, STAT_COLUMNS + 2 * WT), dtype=torch.float32, device=dev)
+    i64 = dict(dtype=torch.int64, device=dev)
+    f32 = dict(dtype=torch.float32, device=dev)
+    sub = StepInputs(cu_num_rows=inp.cu_num_rows, draft=torch.empty(n, **i64),
+                     req_of_row=kidx, row_in_req=kidx, temperature=torch.empty(n, **f32),
+                     seeds=torch.empty(n, **i64), positions=torch.empty(n, **i64),
+                     top_k=torch.empty(n, **i64), min_p=torch.empty(n, **f32),
+                     top_p=torch.empty(n, **f32))
+    with kf._LAUNCH_LOCK:
+        kf._fold_build_kernel[(n,)](
+            g, g.stride(0), g.stride(1), gkeys, gkeys.stride(0), kidx, kreal, inp.temperature,
+            inp.top_k, inp.min_p, inp.top_p, inp.draft, inp.seeds, inp.positions,
+            g2, g2.stride(0), g2.stride(1), sub.temperature, sub.top_k, sub.min_p, sub.top_p,
+            sub.draft, sub.seeds, sub.positions, step.shard_width, TP=TP, W=W, W2=W2,
+            PW=triton.next_power_of_2(W), PW2=triton.next_power_of_2(W2), num_warps=4)
+    m2 = step.merge(g2, sub, slot_plan(plan, n), None, triton=True)
+    with kf._LAUNCH_LOCK:
+        kf._fold_apply_kernel[(n,)](kidx, kreal, m2.uncertified, m2.gval, m2.gidx, m2.lse, m2.sx,
+                                 m2.nucleus_margin, merged.gval, merged.gidx, merged.lse,
+                                 merged.sx, merged.nucleus_margin, deferred, num_warps=1)
