@@ -40,6 +40,21 @@ _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
 
 
 @triton.jit
+def _load_parts(part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr, row, nsplit,
+                PSPLIT: tl.constexpr):
+    """One row's per-split partials (max, sum of exp, Gumbel-max value and column), padded to
+    ``PSPLIT`` with the neutral element of each combine."""
+    offs = tl.arange(0, PSPLIT)
+    ok = offs < nsplit
+    p = row * nsplit + offs
+    m = tl.load(part_m_ptr + p, mask=ok, other=float("-inf"))
+    se = tl.load(part_se_ptr + p, mask=ok, other=0.0)
+    gv = tl.load(part_gv_ptr + p, mask=ok, other=float("-inf"))
+    gi = tl.load(part_gi_ptr + p, mask=ok, other=0)
+    return offs, m, se, gv, gi
+
+
+@triton.jit
 def _stats_kernel(
     logits_ptr,
     logits_stride,
@@ -171,13 +186,8 @@ def _combine_kernel(
     if HAS_THR:
         thr = tl.load(thr_ptr + row)
         lim = tl.load(lim_ptr + row)
-    offs = tl.arange(0, PSPLIT)
-    ok = offs < nsplit
-    p = row * nsplit + offs
-    m = tl.load(part_m_ptr + p, mask=ok, other=float("-inf"))
-    se = tl.load(part_se_ptr + p, mask=ok, other=0.0)
-    gv = tl.load(part_gv_ptr + p, mask=ok, other=float("-inf"))
-    gi = tl.load(part_gi_ptr + p, mask=ok, other=0)
+    offs, m, se, gv, gi = _load_parts(part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr, row,
+                                      nsplit, PSPLIT)
     big_m = tl.max(m, axis=0)
     fin = big_m > float("-inf")
     safe_m = tl.where(fin, big_m, 0.0)
@@ -297,13 +307,8 @@ def _cand_merge_kernel(logits_ptr, logits_stride, temp_ptr, draft_ptr,
     temp = tl.load(temp_ptr + row)
     sampling = temp != 0.0
     safe_t = tl.where(sampling, temp, 1.0)
-    offs = tl.arange(0, PSPLIT)
-    okp = offs < nsplit
-    p = row * nsplit + offs
-    m = tl.load(part_m_ptr + p, mask=okp, other=float("-inf"))
-    se = tl.load(part_se_ptr + p, mask=okp, other=0.0)
-    gv = tl.load(part_gv_ptr + p, mask=okp, other=float("-inf"))
-    gi = tl.load(part_gi_ptr + p, mask=okp, other=0)
+    offs, m, se, gv, gi = _load_parts(part_m_ptr, part_se_ptr, part_gv_ptr, part_gi_ptr, row,
+                                      nsplit, PSPLIT)
     big = tl.max(m, axis=0)
     fin = big > float("-inf")
     safe = tl.where(fin, big, 0.0).to(tl.float64)
