@@ -19,6 +19,19 @@ from .common import _LAUNCH_LOCK, _element_hash, _row_keys, _uniform
 _DOM_ACCEPT = tl.constexpr(DOMAIN_ACCEPT)
 
 
+@triton.jit
+def _accept(seed_ptr, pos_ptr, rows, jm, jj, sx, lse, greedy, valid, tok, draft):
+    """Acceptance of each draft row and its margin: greedy rows accept the argmax, sampled
+    rows accept when ``log q_x - lse - log u > 0`` (``u`` from the row's accept noise; the
+    margin is NaN for greedy rows)."""
+    seed = tl.load(seed_ptr + rows, mask=jm, other=0)
+    pos = tl.load(pos_ptr + rows, mask=jm, other=0)
+    h1, h2 = _row_keys(seed, pos, _DOM_ACCEPT)
+    u = _uniform(_element_hash(h1, h2, tl.zeros_like(jj)))
+    margin = (sx - lse) - tl.log(u)
+    acc = tl.where(greedy, valid & (tok == draft), valid & (margin > 0.0))
+    return acc, tl.where(greedy, float("nan"), margin)
+
 
 @triton.jit
 def _decide_kernel(
@@ -69,13 +82,8 @@ def _decide_kernel(
         safe = tl.where(fin, mx, 0.0)
         tot = tl.sum(tl.where(lse_r > float("-inf"), tl.exp(lse_r - safe[:, None]), 0.0), axis=1)
         lse = tl.where(fin, safe + tl.log(tl.maximum(tot, 1e-30)), float("-inf"))
-        seed = tl.load(seed_ptr + rows, mask=jm, other=0)
-        pos = tl.load(pos_ptr + rows, mask=jm, other=0)
-        h1, h2 = _row_keys(seed, pos, _DOM_ACCEPT)
-        u = _uniform(_element_hash(h1, h2, tl.zeros_like(jj)))
-        margin = (sx - lse) - tl.log(u)
-        acc = tl.where(greedy, valid & (tok == draft), valid & (margin > 0.0))
-        margin = tl.where(greedy, float("nan"), margin)
+        acc, margin = _accept(seed_ptr, pos_ptr, rows, jm, jj, sx, lse, greedy, valid, tok,
+                              draft)
     else:
         margin = tl.full((PLEN,), float("nan"), tl.float32)
         acc = valid & (tok == draft)
@@ -136,13 +144,7 @@ def _decide_merged_kernel(cu_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr,
     dfr = tl.load(defer_ptr + rows, mask=jm, other=0) != 0
     valid = (draft >= 0) & (draft < vocab_size)
     greedy = temp == 0.0
-    seed = tl.load(seed_ptr + rows, mask=jm, other=0)
-    pos = tl.load(pos_ptr + rows, mask=jm, other=0)
-    h1, h2 = _row_keys(seed, pos, _DOM_ACCEPT)
-    u = _uniform(_element_hash(h1, h2, tl.zeros_like(jj)))
-    margin = (sx - lse) - tl.log(u)
-    acc = tl.where(greedy, valid & (tok == draft), valid & (margin > 0.0))
-    margin = tl.where(greedy, float("nan"), margin)
+    acc, margin = _accept(seed_ptr, pos_ptr, rows, jm, jj, sx, lse, greedy, valid, tok, draft)
     acc = acc & (jj < n - 1) & ~dfr
     n_acc = tl.min(tl.where(jm, tl.where(acc, PLEN, jj), PLEN), axis=0)
     dec = start + n_acc
