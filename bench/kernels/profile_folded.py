@@ -3,6 +3,7 @@
 whole-row escalation, on the case where the folded step is slowest.
 
     python bench/kernels/profile_folded.py [--logits ROWS.pt] [--steps N] [--top N]
+                                           [--kernels both|new|old]
     python bench/kernels/profile_folded.py --dry-run      # CPU, V = 4096, torch backend
 
 The case is ``bench_verify_graph.py --escalation folded``'s k = 3, 16 rows (4 requests),
@@ -13,8 +14,13 @@ runs before it are drawn and dropped), so the rows and drafts are the ones it ti
 replay the bytes the 8 simulated ranks exchanged (device copies: ``Memcpy DtoD`` below is
 that replay, not communication). After ``--warmup`` steps, ``--steps`` steps run under
 ``torch.profiler`` (CUDA activity); every CUDA kernel / memcpy / memset is summed by name.
-Printed per escalation: kernel, calls per step, µs per step, share of the step's kernel time,
-then the total; and which rows were uncertified, escalated or deferred.
+Printed per escalation and kernel variant: kernel, calls per step, µs per step, share of the
+step's kernel time, then the total; and which rows were uncertified, escalated or deferred.
+``--kernels both`` (default) runs each escalation with round 1's merge ordering the candidates
+by merging the ranks' sorted runs and the folded send kernel bisecting for its rank keys
+(``new``, the defaults) and with a full sort / one top-k instead (``old``), and prints, side
+by side in the same run, each variant's CUDA-graph time per step and whether the tokens are
+the same.
 
 The kernel times add up the GPU's busy time of an eager step: launch gaps are not in them
 (a CUDA graph removes most of those), so the totals sit below the benchmark's graph times.
@@ -29,6 +35,7 @@ unreadable input (one line on stderr, ``--debug`` adds the traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -41,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "kernels"))
 
 import torch  # noqa: E402
+from _cuda_timing import time_graph  # noqa: E402
 from bench_verify_graph import (  # noqa: E402
     DRY_V,
     MODES,
@@ -87,11 +95,18 @@ def bench_case(logits: Path, dry: bool):
     dev = "cpu" if dry else "cuda"
     gen = torch.Generator().manual_seed(0)
     try:
-        real, source = _logits_rows(types.SimpleNamespace(logits=logits), gen, dry)
+        obj = torch.load(logits)
+        t = obj["logits_bf16"] if isinstance(obj, dict) else obj
+        shape = list(t.shape)
+        if len(shape) == 2 and shape[0] >= ROWS:
+            real, source = _logits_rows(types.SimpleNamespace(logits=logits), gen, dry)
     except Exception as e:  # noqa: BLE001 - an unreadable file is a usage error
         raise UsageError(f"--logits {logits}: not a logits rows file (expected a .pt of bf16 "
                          f"rows from bench/topp_fallback.py --save-logits): "
                          f"{type(e).__name__}: {e}") from e
+    if len(shape) != 2 or shape[0] < ROWS:
+        raise UsageError(f"--logits {logits}: expected [rows >= {ROWS}, vocab] logits, got "
+                         f"{shape}")
     if real.dim() != 2 or real.shape[0] < ROWS:
         raise UsageError(f"--logits {logits}: expected [rows >= {ROWS}, vocab] logits, got "
                          f"{list(real.shape)}")
@@ -166,6 +181,27 @@ def reported_case() -> str:
         return f"{REPORT.relative_to(ROOT)}: no such case ({type(e).__name__})"
 
 
+#: The kernel variants ``--kernels`` compares: the merge by runs and the send kernel's rank
+#: bisection (``new``, the defaults) or a sort of all keys and one top-k (``old``).
+VARIANTS = {"new": "merge of sorted runs, send by bisection",
+            "old": "merge by full sort, send by top-k over all splits"}
+KERNELS = {"both": ("new", "old"), "new": ("new",), "old": ("old",)}
+
+
+@contextlib.contextmanager
+def kernel_variant(kern: str):
+    """Round 1's merge and the folded send kernel as ``kern`` (``new`` / ``old``)."""
+    from vllm_kimi_ext.verify import merge
+    from vllm_kimi_ext.verify.escalate import folded
+
+    saved = merge.MERGE_RUNS, folded.SEND_SELECT
+    merge.MERGE_RUNS = folded.SEND_SELECT = kern == "new"
+    try:
+        yield
+    finally:
+        merge.MERGE_RUNS, folded.SEND_SELECT = saved
+
+
 def _idx(t: torch.Tensor) -> list[int]:
     return t.bool().nonzero().squeeze(1).tolist()
 
@@ -183,13 +219,18 @@ def body(args: argparse.Namespace) -> int:
           f"TP={TP} rank 0, backend {backend}; logits: {source}")
     print(f"{unit} per step, mean of {args.steps} eager steps after {args.warmup} warm-up "
           "steps; all-gathers replayed from the 8 simulated ranks' bytes (Memcpy DtoD)")
-    totals = {}
-    for esc in ("folded", "rows"):
-        plan, out, call, same, *_ = ours_case(z, b, vocab, backend, False, esc)
-        agg = kernel_times(call, args.steps, args.warmup, cuda)
-        totals[esc] = sum(us for _, us in agg.values()) / args.steps
+    totals, graphs, tokens = {}, {}, {}
+    for esc, kern in itertools.product(("folded", "rows"), KERNELS[args.kernels]):
+        with kernel_variant(kern):
+            plan, out, call, same, *_ = ours_case(z, b, vocab, backend, False, esc)
+            agg = kernel_times(call, args.steps, args.warmup, cuda)
+            if cuda:
+                graphs[esc, kern] = time_graph([call] * 4)["median_us"]
+        tokens[esc, kern] = (out.sampled.tolist(), out.num_sampled.tolist())
+        totals[esc, kern] = sum(us for _, us in agg.values()) / args.steps
         print()
-        print(f"-- escalation {esc!r}: plan {plan.describe()}")
+        print(f"-- escalation {esc!r}, {kern} kernels ({VARIANTS[kern]}): "
+              f"plan {plan.describe()}")
         print(f"   escalation slots E={plan.escalation_slots}, whole-row slots "
               f"F={getattr(plan, 'row_fallback_slots', None)}, further candidates "
               f"W2={getattr(plan, 'folded_candidates', None)}; uncertified rows "
@@ -197,12 +238,25 @@ def body(args: argparse.Namespace) -> int:
               f"(uncertified, not deferred) {_idx(out.uncertified.bool() & ~out.deferred.bool())}"
               f", deferred {_idx(out.deferred)}, stopped requests {_idx(out.stopped)}; "
               f"graph/eager = simulated ranks: {same}")
-        print("\n".join(table(f"escalation {esc!r}", agg, args.steps, args.top)))
+        print("\n".join(table(f"escalation {esc!r}, {kern} kernels", agg, args.steps,
+                               args.top)))
     print()
     if cuda:
         print(f"benchmark: {reported_case()}")
-    print(f"TOTAL per step: folded {totals['folded']:.1f} us, rows {totals['rows']:.1f} us "
-          f"(folded / rows {totals['folded'] / max(totals['rows'], 1e-9):.2f}x)")
+    kerns = KERNELS[args.kernels]
+    for kern in kerns:
+        f, r = totals["folded", kern], totals["rows", kern]
+        print(f"TOTAL per step, {kern} kernels: folded {f:.1f} us, rows {r:.1f} us "
+              f"(folded / rows {f / max(r, 1e-9):.2f}x)")
+    for esc in ("folded", "rows"):
+        same = len({repr(tokens[esc, k]) for k in kerns}) == 1
+        line = f"{esc}: same tokens with {' and '.join(kerns)} kernels: {same}"
+        if cuda:
+            line += ("; CUDA graph us per step (median of 30 replays of 4 steps): " +
+                     ", ".join(f"{k} {graphs[esc, k]:.1f}" for k in kerns))
+            if len(kerns) == 2:
+                line += f" (old / new {graphs[esc, 'old'] / graphs[esc, 'new']:.2f}x)"
+        print(line)
     return EXIT_OK
 
 
@@ -218,6 +272,10 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--warmup", type=positive_int, default=5, help="warm-up steps (5)")
     ap.add_argument("--top", type=positive_int, default=30,
                     help="kernel names listed per escalation, the rest summed (30)")
+    ap.add_argument("--kernels", choices=sorted(KERNELS), default="both",
+                    help="merge/send kernel variants to profile side by side: new (merge of "
+                         "sorted runs, send by bisection), old (full sort, top-k) or both "
+                         "(default)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU, V = 4096, torch backend: the same code path, CPU operator times")
     add_debug(ap)

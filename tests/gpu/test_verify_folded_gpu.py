@@ -9,6 +9,7 @@
   candidates), and its tokens equal the whole-row escalation's.
 * Inside a captured CUDA graph it replays to the eager output; with no uncertified row its
   launches return at once (Kimi's T = 0.6 rows) and the output still equals the reference.
+* Round 1's merge by sorted runs equals its merge by a full sort at Kimi's shapes.
 """
 
 from __future__ import annotations
@@ -119,3 +120,15 @@ def test_folded_inside_a_captured_graph(temp, cands):
         assert not bool(out.uncertified.any())
     check_graph_step(z, b, V, TP, backend="triton", candidates=cands, escalation="folded",
                      allow_first_row_deferral=True)
+
+
+def test_merge_of_runs_equals_sort():
+    """Round 1's merge kernel merging the ranks' sorted runs equals the same kernel sorting
+    every key, bit for bit, on every case of ``testkit.verify_merge_runs_check`` plus Kimi's
+    shapes (128 and 128 + 384 candidates per rank over TP = 8)."""
+    from testkit.verify_merge_runs_check import KIMI_SPECS, run
+
+    out = run("cuda")
+    assert out["mismatches"] == [], out["mismatches"]
+    names = {c["case"] for c in out["cases"]}
+    assert {f"{k}/tp{t}/W{w}/top_p" for k, t, w, _ in KIMI_SPECS} <= names

@@ -34,6 +34,9 @@ from .step_io import Merged, StepInputs, constant
 NEG_INF = float("-inf")
 #: Warps of the merge kernel (measured on an H200: ``bench/kernels/bench_verify_graph.py``).
 MERGE_WARPS = 16
+#: Round 1's merge orders the candidates by merging the ranks' sorted runs (binary search)
+#: rather than by a bitonic sort of all ``TP * W`` keys (:func:`merge_round1_triton`).
+MERGE_RUNS = True
 
 
 def merge_round1(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_size: int,
@@ -150,9 +153,17 @@ def merge_round1_triton(
     vocab_size: int,
     rank_valid,  # [TP] int64: valid columns of each rank's shard
     q_full,  # [rows, >= V] float32 or None
+    runs: bool | None = None,  # merge the ranks' sorted runs (default MERGE_RUNS) or sort
+    fill: int | None = None,  # the runs' scratch starts as this key (tests); default uninit.
 ):
     """Triton version of :func:`merge_round1_torch` (probabilistic drafts and
-    all-greedy steps use the torch merge: their merge is a handful of ops)."""
+    all-greedy steps use the torch merge: their merge is a handful of ops).
+
+    The candidates arrive as one descending run per rank; ``runs`` (default
+    :data:`MERGE_RUNS`) merges the runs by binary search instead of sorting all ``TP * W``
+    keys (the same sorted keys, so the same output bit for bit; a payload whose runs are out
+    of order takes the sort inside the kernel)."""
+    runs = MERGE_RUNS if runs is None else bool(runs)
     import triton
 
     from ._kernels import merge as km
@@ -171,16 +182,19 @@ def merge_round1_triton(
     margin = torch.empty(R, dtype=torch.float64, device=dev)
     rmax = torch.empty_like(gval)
     W = max(plan.candidates, 1)
+    PN = triton.next_power_of_2(TP * W)
+    shape = (R, PN) if runs else (1, 1)
+    order = (torch.empty(shape, dtype=torch.int64, device=dev) if fill is None else
+             torch.full(shape, fill, dtype=torch.int64, device=dev))
     with km._LAUNCH_LOCK:
         km._merge_kernel[(R,)](g, g.stride(0), g.stride(1), rank_valid.contiguous(),
                                inp.temperature.contiguous(), inp.top_k.contiguous(),
                                inp.min_p.contiguous(), inp.top_p.contiguous(),
                                inp.draft.contiguous(), inp.seeds.contiguous(),
                                inp.positions.contiguous(),
-                               gval, gidx, lse, sx, unc, margin, rmax,
-                               TP=TP, PTP=triton.next_power_of_2(TP), W=W,
-                               PN=triton.next_power_of_2(TP * W),
-                               num_warps=MERGE_WARPS)
+                               gval, gidx, lse, sx, unc, margin, rmax, order,
+                               TP=TP, PTP=triton.next_power_of_2(TP), W=W, PN=PN,
+                               RUNS=runs, LOGW=W.bit_length(), num_warps=MERGE_WARPS)
     # int8 flags throughout the Triton path (no conversion launches); read-only "-1" ids
     return Merged(gval, gidx, lse, sx, constant(R, -1, torch.int64, dev), unc, margin, None,
                   rmax)

@@ -47,7 +47,8 @@ _C = tl.constexpr(STAT_COLUMNS)
 def _fold_send_kernel(logits_ptr, logits_stride, idx_ptr, real_ptr, part_ptr, done_ptr,
                       keys_ptr, rows_ptr, S, n_valid, nsplit,
                       F: tl.constexpr, W: tl.constexpr, W2: tl.constexpr, WT: tl.constexpr,
-                      C: tl.constexpr, KP: tl.constexpr, PK: tl.constexpr):
+                      C: tl.constexpr, KP: tl.constexpr, PK: tl.constexpr,
+                      SELECT: tl.constexpr, P2: tl.constexpr):
     slot = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     if tl.load(real_ptr + slot) == 0:
@@ -67,13 +68,58 @@ def _fold_send_kernel(logits_ptr, logits_stride, idx_ptr, real_ptr, part_ptr, do
     tl.debug_barrier()
     if tl.atomic_add(done_ptr + ks, 1, sem="acq_rel", scope="gpu") != nsplit - 1:
         return
-    # the slot's last program: the first W + W2 over the splits, ranks W.. sent
+    # the slot's last program: ranks W .. WT - 1 over the splits' first WT each
     tl.store(done_ptr + ks, 0)
     ko = tl.arange(0, PK)
     allk = tl.load(part_ptr + ks * nsplit * WT + ko, mask=ko < nsplit * WT, other=_SENT32,
                    cache_modifier=".cg")
-    best = tl.topk(allk, KP)
-    tl.store(keys_ptr + ks * W2 + (offs - W), best, mask=(offs >= W) & (offs < WT))
+    if SELECT:
+        _send_ranks(allk, keys_ptr + ks * W2, W, W2, WT, P2)
+    else:
+        best = tl.topk(allk, KP)
+        tl.store(keys_ptr + ks * W2 + (offs - W), best, mask=(offs >= W) & (offs < WT))
+
+
+@triton.jit
+def _kth_keys(x, ka, kb):
+    """The ``ka``-th and ``kb``-th largest of the int32 keys ``x`` (with repeats): for each,
+    the largest ``t`` with ``#(x >= t) >= k``, by bisection of the 32-bit key range."""
+    lo_a = tl.full((), -2147483648, tl.int64)
+    hi_a = tl.full((), 2147483647, tl.int64)
+    lo_b = lo_a
+    hi_b = hi_a
+    x64 = x.to(tl.int64)
+    for _ in tl.static_range(32):
+        mid_a = (lo_a + hi_a + 1) // 2
+        mid_b = (lo_b + hi_b + 1) // 2
+        ca = tl.sum((x64 >= mid_a).to(tl.int32), axis=0) >= ka
+        cb = tl.sum((x64 >= mid_b).to(tl.int32), axis=0) >= kb
+        lo_a = tl.where(ca, mid_a, lo_a)
+        hi_a = tl.where(ca, hi_a, mid_a - 1)
+        lo_b = tl.where(cb, mid_b, lo_b)
+        hi_b = tl.where(cb, hi_b, mid_b - 1)
+    return lo_a, lo_b
+
+
+@triton.jit
+def _send_ranks(allk, out_ptr, W: tl.constexpr, W2: tl.constexpr, WT: tl.constexpr,
+                P2: tl.constexpr):
+    """Write the keys ranked ``W .. WT - 1`` of ``allk`` (valid keys unique: the column is in
+    the key), descending, to ``out_ptr[0 : W2]``, :data:`_SENT32` past the valid ones: the
+    two rank keys by bisection, the keys between them compacted (prefix sum) into the output,
+    read back and sorted (``P2`` = next power of two of ``W2``)."""
+    t_w, t_wt = _kth_keys(allk, W, WT)
+    k64 = allk.to(tl.int64)
+    pick = (k64 < t_w) & (k64 >= t_wt) & (allk != _SENT32)
+    at = tl.cumsum(pick.to(tl.int32), axis=0) - 1
+    n = tl.sum(pick.to(tl.int32), axis=0)
+    tl.store(out_ptr + at, allk, mask=pick)
+    tl.debug_barrier()
+    o = tl.arange(0, P2)
+    got = tl.load(out_ptr + o, mask=o < n, other=_SENT32, cache_modifier=".cg")
+    srt = tl.sort(got, dim=0, descending=True)
+    tl.debug_barrier()
+    tl.store(out_ptr + o, srt, mask=o < W2)
 
 
 @triton.jit

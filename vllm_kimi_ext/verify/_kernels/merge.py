@@ -26,10 +26,54 @@ _DOM_GUMBEL = tl.constexpr(DOMAIN_GUMBEL)
 
 
 @triton.jit
+def _cand_key(row_ptr, rank_stride, rr, j, W: tl.constexpr, mask):
+    """Round 1's sortable key of rank ``rr``'s candidate ``j`` (``_SENT`` past the end)."""
+    p = row_ptr + rr * rank_stride + 5 + j
+    v = tl.load(p, mask=mask, other=float("-inf"))
+    gid = tl.load(p + W, mask=mask, other=-1.0).to(tl.int64)
+    return tl.where(v > float("-inf"), _key(v, gid), _SENT)
+
+
+@triton.jit
+def _sort_runs(row_ptr, rank_stride, keys, r, j, okc, order_ptr, offs,
+               TP: tl.constexpr, W: tl.constexpr, LOGW: tl.constexpr):
+    """``tl.sort(keys, descending)`` of the ``TP`` runs of ``W`` keys (rank ``r``'s
+    candidate ``j`` at ``r * W + j``), each already in descending order as every rank sends
+    them: a stable merge of the runs. Each key's place is its index in its run plus, per other
+    run, the number of that run's keys ahead of it (a binary search of ``LOGW`` steps:
+    ``>=`` for earlier runs, ``>`` for later ones, so equal keys keep run order), and the
+    keys are written there (``order_ptr``: the row's ``PN`` scratch) and read back in order.
+    A run out of order (not a round-1 payload) takes ``tl.sort``: the same keys either way."""
+    nxt = _cand_key(row_ptr, rank_stride, r, j + 1, W, okc & (j + 1 < W))
+    ok = tl.sum((okc & (j + 1 < W) & (nxt > keys)).to(tl.int32), axis=0) == 0
+    if ok:
+        place = j
+        for rr in tl.static_range(TP):
+            lo = tl.zeros_like(j)
+            hi = tl.full(j.shape, W, j.dtype)
+            for _ in tl.static_range(LOGW):
+                live = lo < hi
+                mid = (lo + hi) // 2
+                km = _cand_key(row_ptr, rank_stride, rr, mid, W, okc & live)
+                ahead = tl.where(r > rr, km >= keys, km > keys)
+                lo = tl.where(live & ahead, mid + 1, lo)
+                hi = tl.where(live & ~ahead, mid, hi)
+            place += tl.where(r == rr, 0, lo)
+        tl.store(order_ptr + place, keys, mask=okc)
+        tl.debug_barrier()
+        skeys = tl.load(order_ptr + offs, mask=okc, other=_SENT)
+    else:
+        skeys = tl.sort(keys, dim=0, descending=True)
+    return skeys
+
+
+@triton.jit
 def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
                   temp_ptr, topk_ptr, minp_ptr, topp_ptr, draft_ptr, seed_ptr, pos_ptr,
                   gval_ptr, gidx_ptr, lse_ptr, sx_ptr, unc_ptr, margin_ptr, rmax_ptr,
-                  TP: tl.constexpr, PTP: tl.constexpr, W: tl.constexpr, PN: tl.constexpr):
+                  order_ptr,
+                  TP: tl.constexpr, PTP: tl.constexpr, W: tl.constexpr, PN: tl.constexpr,
+                  RUNS: tl.constexpr, LOGW: tl.constexpr):
     """Long because: one program per row fuses the statistics merge, the candidate sort, the
     exact-prefix certificate, the min-p / top-k / top-p cut and the kept set's decisions into
     one launch of the captured step (the steps of ``merge_round1_torch``, in its order)."""
@@ -73,7 +117,11 @@ def _merge_kernel(g_ptr, rank_stride, row_stride, rank_valid_ptr,
         vals = tl.load(cptr + 5 + j, mask=okc, other=float("-inf"))
         gids = tl.load(cptr + 5 + W + j, mask=okc, other=-1.0).to(tl.int64)
         keys = tl.where(vals > float("-inf"), _key(vals, gids), _SENT)
-        skeys = tl.sort(keys, dim=0, descending=True)
+        if RUNS:
+            skeys = _sort_runs(g_ptr + row * row_stride, rank_stride, keys, r, j, okc,
+                               order_ptr + row * PN, offs, TP, W, LOGW)
+        else:
+            skeys = tl.sort(keys, dim=0, descending=True)
         sv, sid = _unkey(skeys)
         pos = offs
         finite = sv > float("-inf")

@@ -53,6 +53,9 @@ NEG_INF = float("-inf")
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 #: Shard columns an int32 key can carry (16 bits).
 MAX_SHARD_WIDTH = 65536
+#: The send kernel's last program per key slot bisects for the rank keys (:func:`send_folded`)
+#: instead of a top-k over every split's candidates.
+SEND_SELECT = True
 
 
 def ordered_key16(z: torch.Tensor) -> torch.Tensor:
@@ -239,11 +242,16 @@ def _counters(store: dict, dev: torch.device, n: int) -> torch.Tensor:
 
 
 def send_folded(store: dict, logits_shard, idx, real8, W: int, W2: int, F: int, n_valid: int,
-                nbytes: int, fill: int | None = None) -> torch.Tensor:
+                nbytes: int, fill: int | None = None,
+                select: bool | None = None) -> torch.Tensor:
     """This rank's send buffer (``[1, nbytes]`` uint8: the key slots' further candidates,
     then the whole-row slots' shard rows) from one launch; empty slots write nothing
     (``fill``: the byte the buffer starts with, for tests; default uninitialised).
-    ``store``: where the send kernel's counters persist (the step's folded scratch)."""
+    ``store``: where the send kernel's counters persist (the step's folded scratch).
+    ``select`` (default :data:`SEND_SELECT`): a key slot's last program finds its ranks
+    ``W .. W + W2 - 1`` over the splits by bisecting for the two rank keys, else by one
+    ``tl.topk`` over every split's first ``W + W2`` (the same keys)."""
+    select = SEND_SELECT if select is None else bool(select)
     import triton
 
     from .._kernels import escalate_folded as kf
@@ -264,7 +272,8 @@ def send_folded(store: dict, logits_shard, idx, real8, W: int, W2: int, F: int, 
         kf._fold_send_kernel[(E, nsplit)](
             logits_shard, logits_shard.stride(0), idx, real8, part, done, keys, rows, S,
             n_valid, nsplit, F=F, W=W, W2=W2, WT=W + W2, C=C, KP=KP,
-            PK=max(triton.next_power_of_2(nsplit * (W + W2)), KP), num_warps=8)
+            PK=max(triton.next_power_of_2(nsplit * (W + W2)), KP), SELECT=select,
+            P2=triton.next_power_of_2(W2), num_warps=8)
     return buf[None]
 
 
