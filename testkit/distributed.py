@@ -58,6 +58,28 @@ def _rank_main(fn, rank, world, port, queue, args, kwargs, env) -> None:
             pass
 
 
+def run_in_sequence(rank: int, scenarios: list[tuple[str, Callable[..., Any], tuple]]) -> dict:
+    """Rank function for :func:`run_tp`: several scenarios in one rank set, in order.
+
+    ``scenarios`` is ``(name, fn, args)`` triples, ``fn`` module-level; each runs as
+    ``fn(rank, *args)`` and its result is returned under ``name`` (one spawn of the
+    ranks instead of one per scenario: starting a rank costs a vLLM import). A
+    scenario that tears the groups down (``destroy_model_parallel``) must come last.
+    ``_seconds``: each scenario's wall time on this rank."""
+    import time
+
+    out: dict[str, Any] = {"_seconds": {}}
+    for name, fn, args in scenarios:
+        t0 = time.perf_counter()
+        try:
+            out[name] = fn(rank, *args)
+        except BaseException as exc:
+            raise RuntimeError(f"scenario {name!r} ({fn.__module__}.{fn.__qualname__}) "
+                               "failed") from exc
+        out["_seconds"][name] = round(time.perf_counter() - t0, 1)
+    return out
+
+
 def run_tp(
     fn: Callable[..., Any],
     tp_size: int,

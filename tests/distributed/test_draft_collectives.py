@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.checkpoints import TinyEagle3Spec, TinyKimiSpec, write_tiny_eagle3
+from testkit.checkpoints import TinyKimiSpec
 from testkit.draft_scenarios import (
     DraftCase,
     TinyDFlashSpec,
     expected_draft_pass,
     has_unsharded_draft_patch,
     summarize,
-    write_tiny_dflash,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
@@ -37,16 +36,9 @@ BLOCK_ROWS = DFLASH.block_size  # one DFlash step verifies k + 1 = block rows
 
 
 @pytest.fixture(scope="module")
-def drafts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("drafts")
-    paths = {}
-    for name, spec in {"llama": TinyEagle3Spec(style="llama"),
-                       "mla": TinyEagle3Spec(style="mla"),
-                       "llama-v512": TinyEagle3Spec(style="llama", draft_vocab_size=512)}.items():
-        write_tiny_eagle3(root / name, TARGET, spec)
-        paths[name] = str(root / name)
-    write_tiny_dflash(root / "dflash", TARGET, DFLASH)
-    paths["dflash"] = str(root / "dflash")
+def drafts(eagle3_heads, dflash_draft):
+    paths = {name: eagle3_heads[name][0] for name in ("llama", "mla", "llama-v512")}
+    paths["dflash"] = dflash_draft
     return paths
 
 
@@ -62,11 +54,10 @@ def _cases(drafts, with_tp1: bool):
 
 
 @pytest.fixture(scope="module")
-def tp2(tiny_kimi_dir, drafts):
-    from testkit.distributed import run_tp
-    from testkit.draft_scenarios import draft_collectives
-
-    return run_tp(draft_collectives, 2, str(tiny_kimi_dir), _cases(drafts, True))
+def tp2(draft_tp_results):
+    """The TP=2 draft cases of the tier's shared rank set (tests/distributed/conftest.py:
+    ``draft_cases``: the cases of ``_cases(drafts, True)`` and the draft-TP tests' heads)."""
+    return draft_tp_results
 
 
 @pytest.fixture(scope="module")

@@ -15,27 +15,21 @@ from __future__ import annotations
 import pytest
 
 from testkit.draft_scenarios import expected_draft_pass, summarize
-from testkit.tli_scenarios import write_tiny_qwen3_draft, write_tli_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
-ROWS = 4
+ROWS = 4  # TLI_ROWS of tli_placement_tp2_results (tests/distributed/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    target = write_tli_target(tmp_path_factory.mktemp("dm-target"))
-    draft = write_tiny_qwen3_draft(target, tmp_path_factory.mktemp("qwen3-draft"))
-    return target, draft
+def setup(tli_target, tli_qwen3_draft):
+    return tli_target, tli_qwen3_draft
 
 
 @pytest.fixture(scope="module")
-def tp2(setup):
-    from testkit.distributed import run_tp
-    from testkit.tli_scenarios import tli_placement_collectives
-
-    target, draft = setup
-    return run_tp(tli_placement_collectives, 2, str(target), str(draft.path), ROWS)
+def tp2(tli_placement_tp2_results):
+    """``tli_placement_collectives`` over ROWS rows, from the tier's shared TP=2 rank set."""
+    return tli_placement_tp2_results
 
 
 def test_sharded_dense_draft_costs_2L_plus_2(tp2, setup):

@@ -12,21 +12,16 @@ from __future__ import annotations
 import pytest
 
 from testkit.draft_scenarios import expected_draft_pass, summarize
-from testkit.tli_scenarios import write_retokenized_draft, write_tli_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
-ROWS = 4
+ROWS = 4  # TLI_ROWS of tli_tp2_results (tests/distributed/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    from testkit.distributed import run_tp
-    from testkit.tli_scenarios import tli_draft_collectives
-
-    target = write_tli_target(tmp_path_factory.mktemp("tli-target"))
-    draft = write_retokenized_draft(target, tmp_path_factory.mktemp("tli-draft"))
-    return run_tp(tli_draft_collectives, 2, str(target), str(draft.path), ROWS)
+def tp2(tli_tp2_results):
+    """``tli_draft_collectives`` over ROWS rows, from the tier's shared TP=2 rank set."""
+    return tli_tp2_results
 
 
 def test_tli_draft_step_adds_no_collective(tp2):
