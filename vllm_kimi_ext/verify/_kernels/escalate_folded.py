@@ -11,7 +11,10 @@ Launches of the escalation (``E`` slots, the first ``F`` with a whole row):
   slot's programs copy their 2,048 columns of the picked shard row; a key slot's programs
   each take their split's first ``W + W2`` 16-bit keys (value desc, column asc) by one
   ``tl.topk``, and the slot's last program to finish (an acquire/release counter, left zeroed)
-  merges the splits and writes the ranks ``W .. W + W2 - 1``. It replaces the whole-row
+  writes the ranks ``W .. W + W2 - 1`` over the splits: it bisects the 32-bit key range for
+  the ``W``-th and ``(W + W2)``-th largest keys, compacts the keys between them (prefix sum)
+  into the output, reads them back and sorts them (``SELECT``; else one ``tl.topk`` over every
+  split's candidates, the same keys). It replaces the whole-row
   escalation's ``index_select`` (one launch for one launch) and reads nothing for an empty
   slot, where ``index_select`` copies every slot's row;
 * the all-gather;
