@@ -6,7 +6,8 @@ from ``verify/escalate/folded.py``) run by Triton's CPU interpreter:
    (:func:`~vllm_kimi_ext.verify.escalate.folded.further_candidates_torch`) on bf16 rows with
    many tied values and a padded tail, each whole-row slot's bytes are its shard row, an
    empty slot's bytes are never written (the buffer's sentinel stays), and the per-slot
-   counters are zero again after the launch;
+   counters are zero again after the launch; with the last program's top-k over every
+   split and with its rank bisection (``select``);
 2. ``step``: the graph step on the Triton backend with ``escalation="folded"`` over the
    escalation's pins and tie-heavy rows (2 candidates per rank, so every cut escalates),
    each further-candidate width and whole-row slot count: equal to the full-logits reference
@@ -20,6 +21,7 @@ kinds named. Prints a JSON summary (the last line).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -50,12 +52,14 @@ def check_send(seed: int) -> dict:
     z = (torch.randint(-6, 6, (7, S), generator=g).float() / 4).to(torch.bfloat16)
     idx = torch.tensor([5, 0, 3, 6, 2])
     out = []
-    for W, W2, F, real in ((2, 4, 1, (1, 1, 0, 1, 1)), (3, 9, 0, (1, 0, 1, 1, 0)),
-                           (8, 40, 2, (0, 1, 1, 0, 1)), (30, 40, 1, (1, 1, 1, 0, 1))):
+    widths = ((2, 4, 1, (1, 1, 0, 1, 1)), (3, 9, 0, (1, 0, 1, 1, 0)),
+              (8, 40, 2, (0, 1, 1, 0, 1)), (30, 40, 1, (1, 1, 1, 0, 1)))
+    for select, (W, W2, F, real) in itertools.product((False, True), widths):
         real8 = torch.tensor(real, dtype=torch.int8)
         nbytes = folded_round_bytes(E, W2, F, S, 2)
         store: dict = {}  # the step's folded scratch: the send kernel's counters
-        buf = send_folded(store, z, idx, real8, W, W2, F, n_valid, nbytes, fill=UNWRITTEN)[0]
+        buf = send_folded(store, z, idx, real8, W, W2, F, n_valid, nbytes, fill=UNWRITTEN,
+                          select=select)[0]
         kb = (E - F) * W2 * 4
         keys = buf[:kb].view(torch.int32).view(E - F, W2)
         rows = buf[kb:kb + F * S * 2].view(torch.bfloat16).view(F, S)
@@ -70,7 +74,8 @@ def check_send(seed: int) -> dict:
             else:
                 assert torch.equal(got, want[s - F]), (W, W2, F, s, got, want[s - F])
         assert int(store[str(z.device)].abs().sum()) == 0, "counters left set"
-        out.append({"W": W, "W2": W2, "F": F, "sentinels": int((want == SENT32).sum())})
+        out.append({"W": W, "W2": W2, "F": F, "select": select,
+                    "sentinels": int((want == SENT32).sum())})
     return {"kind": "send", "seed": seed, "widths": out}
 
 

@@ -1,9 +1,10 @@
 """The folded escalation on a CUDA device (``verify/escalate/folded.py``, its kernels in
 ``verify/_kernels/escalate_folded.py``).
 
-* The send kernel (Triton) writes each key slot's further candidates equal to their torch body
-  bit for bit at Kimi's shard width (W = 128, W2 = 384) on tie-heavy bf16 rows, each
-  whole-row slot's shard row, nothing for an empty slot, and leaves its counters zeroed.
+* The send kernel (Triton; its last stage by top-k and by rank bisection) writes each key
+  slot's further candidates equal to their torch body bit for bit at Kimi's shard width
+  (W = 128, W2 = 384) on tie-heavy bf16 rows, each whole-row slot's shard row, nothing for
+  an empty slot, and leaves its counters zeroed.
 * The whole step on simulated TP = 8 (Triton) with the folded escalation equals the
   full-logits reference on tie-heavy and flat rows (every cut uncertified with 4 round-1
   candidates), and its tokens equal the whole-row escalation's.
@@ -13,6 +14,8 @@
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -50,11 +53,11 @@ def test_send_buffer_equals_torch():
     shard = z[:, :S].contiguous()
     idx = torch.tensor([3, 0, 9, 15, 7], device="cuda")
     real = torch.tensor([1, 0, 1, 1, 0], dtype=torch.int8, device="cuda")
-    for W, W2, F, n_valid in ((128, 384, 1, S), (128, 384, 1, S - 7), (4, 64, 0, S),
-                              (128, 384, 2, S)):
+    widths = ((128, 384, 1, S), (128, 384, 1, S - 7), (4, 64, 0, S), (128, 384, 2, S))
+    for select, (W, W2, F, n_valid) in itertools.product((False, True), widths):
         store: dict = {}  # the step's folded scratch: the send kernel's counters
         buf = send_folded(store, shard, idx, real, W, W2, F, n_valid,
-                          folded_round_bytes(5, W2, F, S, 2), fill=UNWRITTEN)[0]
+                          folded_round_bytes(5, W2, F, S, 2), fill=UNWRITTEN, select=select)[0]
         kb = (5 - F) * W2 * 4
         keys = buf[:kb].view(torch.int32).view(5 - F, W2)
         rows = buf[kb:kb + F * S * 2].view(torch.bfloat16).view(F, S)

@@ -86,5 +86,6 @@ def test_send_kernel_in_interpreter():
     per-slot counters are zero again."""
     cases = _interpret("testkit.verify_folded_check", "send")["cases"]
     assert [c["kind"] for c in cases] == ["send"]
-    assert len(cases[0]["widths"]) == 4
+    assert len(cases[0]["widths"]) == 8
+    assert {w["select"] for w in cases[0]["widths"]} == {False, True}  # both last stages
     assert any(w["sentinels"] > 0 for w in cases[0]["widths"])  # the padded tail reached

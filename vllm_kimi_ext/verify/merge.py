@@ -35,8 +35,10 @@ NEG_INF = float("-inf")
 #: Warps of the merge kernel (measured on an H200: ``bench/kernels/bench_verify_graph.py``).
 MERGE_WARPS = 16
 #: Round 1's merge orders the candidates by merging the ranks' sorted runs (binary search)
-#: rather than by a bitonic sort of all ``TP * W`` keys (:func:`merge_round1_triton`).
-MERGE_RUNS = True
+#: rather than by a bitonic sort of all ``TP * W`` keys (:func:`merge_round1_triton`). Off by
+#: default until a GPU has timed it (``bench/kernels/profile_folded.py --kernels both``): it
+#: is checked equal to the sort bit for bit on Triton's CPU interpreter only.
+MERGE_RUNS = False
 
 
 def merge_round1(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_size: int,

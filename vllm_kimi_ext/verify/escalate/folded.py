@@ -54,8 +54,10 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 #: Shard columns an int32 key can carry (16 bits).
 MAX_SHARD_WIDTH = 65536
 #: The send kernel's last program per key slot bisects for the rank keys (:func:`send_folded`)
-#: instead of a top-k over every split's candidates.
-SEND_SELECT = True
+#: instead of a top-k over every split's candidates. Off by default until a GPU has timed it
+#: (``bench/kernels/profile_folded.py --kernels both``); equal to the torch body on Triton's
+#: CPU interpreter.
+SEND_SELECT = False
 
 
 def ordered_key16(z: torch.Tensor) -> torch.Tensor:
