@@ -15,7 +15,7 @@ never fetches or rebuilds vLLM; without an environment it says to run
     nox -s apply-patches -- --check           # dry run against the baseline
     nox -s apply-patches -- --export          # fork branch commits -> patches/ + series.json
     nox -s apply-patches -- --export --author 'Name <email>'   # sign-off (default: git config)
-    nox -s test [-- PYTEST ARGS]              # CPU tier (GPU tests skip cleanly)
+    nox -s test [-- PYTEST ARGS]              # CPU tier, 2 workers (GPU tests skip cleanly)
     nox -s upstream-tests                     # vLLM's own spec-decode/sampler tests
     nox -s upstream-check                     # vLLM's pre-commit hooks + per-patch vLLM tests
     nox -s bench                              # what this machine can measure
@@ -64,6 +64,10 @@ UPSTREAM_DESELECT_LIST = ROOT / "tests" / "upstream" / "deselect.txt"
 TRAIN_NO_DEPS = ["speculators==0.9.0"]
 # Mutation testing (`nox -s mutants`): installed in that session's own environment only.
 MUTATION_TOOL = "cosmic-ray==8.7.0"
+# The CPU tier on 2 pytest-xdist workers (CI has 2 cores; most tests are one thread: the
+# Triton interpreter, small torch ops); a file's tests stay in one worker, so its
+# module-scoped engines and checkpoints are built once.
+XDIST_ARGS = ["-n", "2", "--dist", "loadfile"]
 # No model hub here: fail fast instead of retrying with back-off.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -196,10 +200,25 @@ def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
                 env={"VLLM_TARGET_DEVICE": "cpu", **(env or {})})
 
 
+def _xdist(posargs: list[str]) -> list[str]:
+    """:data:`XDIST_ARGS` unless the arguments choose their own workers (``-n``,
+    ``--numprocesses``, ``--dist``) or turn pytest-xdist off (``-p no:xdist``)."""
+    own = any(a.startswith(("-n", "--numprocesses", "--dist", "no:xdist")) or a == "-pno:xdist"
+              for a in posargs)
+    return [] if own else XDIST_ARGS
+
+
 @nox.session
 def test(session: nox.Session) -> None:
-    """The project's CPU tier (GPU tests skip cleanly without a GPU)."""
-    _pytest(session, "tests", "-m", "not slow", *session.posargs, env=OFFLINE_ENV)
+    """The project's CPU tier (GPU tests skip cleanly without a GPU), on 2 pytest-xdist
+    workers (``-- -n 0`` or ``-- -p no:xdist``: one process)."""
+    _require_env(session)
+    xdist = _xdist(session.posargs)
+    if xdist and subprocess.run([_py(), "-c", "import xdist"], capture_output=True).returncode:
+        session.warn("pytest-xdist is not installed (an environment from before it joined the "
+                     "`test` extra): one process; `nox -s apply-patches` installs it")
+        xdist = []
+    _pytest(session, "tests", "-m", "not slow", *xdist, *session.posargs, env=OFFLINE_ENV)
 
 
 @nox.session(name="test-all", default=False)

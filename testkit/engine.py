@@ -105,6 +105,16 @@ class EngineSpec:
         return args
 
 
+def _info_or_more_verbose(level: str | None) -> str:
+    """The child's vLLM log level: ``DEBUG`` if asked for, else ``INFO``. Engine tests read
+    INFO lines from :meth:`Engine.log` (the attention backend, the MoE method), while the
+    test process may be quieter: :func:`testkit.vllm_cpu.prepare_process` puts ``WARNING``
+    in ``os.environ`` of every process that ran a ``vllm``-tier test, and an engine test
+    run after one (``pytest tests/vllm tests/engine``, or a pytest-xdist worker's order)
+    would hand it on. A spec's ``env`` still sets any level."""
+    return "DEBUG" if (level or "").upper() == "DEBUG" else "INFO"
+
+
 def engine_env(spec: EngineSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment (see the module docstring)."""
     env = dict(os.environ if base is None else base)
@@ -117,7 +127,7 @@ def engine_env(spec: EngineSpec, base: dict[str, str] | None = None) -> dict[str
         "VLLM_TARGET_DEVICE": "cpu", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
+        "VLLM_LOGGING_LEVEL": _info_or_more_verbose(env.get("VLLM_LOGGING_LEVEL")),
         "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1",
         "KIMI_TESTKIT_WORKER_MP_METHOD": env.get("KIMI_TESTKIT_WORKER_MP_METHOD", "fork"),
     })
