@@ -35,10 +35,13 @@ NEG_INF = float("-inf")
 #: Warps of the merge kernel (measured on an H200: ``bench/kernels/bench_verify_graph.py``).
 MERGE_WARPS = 16
 #: Round 1's merge orders the candidates by merging the ranks' sorted runs (binary search)
-#: rather than by a bitonic sort of all ``TP * W`` keys (:func:`merge_round1_triton`). Off by
-#: default until a GPU has timed it (``bench/kernels/profile_folded.py --kernels both``): it
-#: is checked equal to the sort bit for bit on Triton's CPU interpreter only.
-MERGE_RUNS = False
+#: when each rank sends at least this many (``W``), and by a bitonic sort of all ``TP * W``
+#: keys below it (:func:`merge_round1_triton`). Measured on one H100 (real rows, V = 163840,
+#: TP = 8, CUDA graphs; ``bench/reports/profile_folded_h100.txt``,
+#: ``bench/reports/verify_folded.md``): at W = 128 (round 1) merging runs made the whole-row
+#: step 4-19 us slower (k = 3/7, 4-256 rows); at W = 512 (the folded escalation's second
+#: merge) the step's two merge launches went from 142.7 to 86.8 us.
+MERGE_RUNS_MIN_WIDTH = 256
 
 
 def merge_round1(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_size: int,
@@ -155,17 +158,16 @@ def merge_round1_triton(
     vocab_size: int,
     rank_valid,  # [TP] int64: valid columns of each rank's shard
     q_full,  # [rows, >= V] float32 or None
-    runs: bool | None = None,  # merge the ranks' sorted runs (default MERGE_RUNS) or sort
+    runs: bool | None = None,  # merge the ranks' sorted runs or sort (default: by W)
     fill: int | None = None,  # the runs' scratch starts as this key (tests); default uninit.
 ):
     """Triton version of :func:`merge_round1_torch` (probabilistic drafts and
     all-greedy steps use the torch merge: their merge is a handful of ops).
 
-    The candidates arrive as one descending run per rank; ``runs`` (default
-    :data:`MERGE_RUNS`) merges the runs by binary search instead of sorting all ``TP * W``
+    The candidates arrive as one descending run per rank; ``runs`` (default: ``W >=``
+    :data:`MERGE_RUNS_MIN_WIDTH`) merges the runs by binary search instead of sorting all ``TP * W``
     keys (the same sorted keys, so the same output bit for bit; a payload whose runs are out
     of order takes the sort inside the kernel)."""
-    runs = MERGE_RUNS if runs is None else bool(runs)
     import triton
 
     from ._kernels import merge as km
@@ -184,6 +186,7 @@ def merge_round1_triton(
     margin = torch.empty(R, dtype=torch.float64, device=dev)
     rmax = torch.empty_like(gval)
     W = max(plan.candidates, 1)
+    runs = W >= MERGE_RUNS_MIN_WIDTH if runs is None else bool(runs)
     PN = triton.next_power_of_2(TP * W)
     shape = (R, PN) if runs else (1, 1)
     order = (torch.empty(shape, dtype=torch.int64, device=dev) if fill is None else
