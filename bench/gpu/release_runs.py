@@ -13,7 +13,7 @@ vLLM's graph step and batch-sharded sampling, in the same alternating rounds).
     #    copies the vLLM source files the runs load into .vllm_src/ (git-ignored) and prints
     #    what to carry to the GPU machine and the commands to run there
     # 2. on the GPU machine, in the repository root (torch + Triton + pytest; no vLLM):
-    python3 bench/gpu/release_runs.py run --out DIR --step-timeout 170   # all three steps
+    python3 bench/gpu/release_runs.py run --out DIR --test-workers 8 --step-timeout 190
     python3 bench/gpu/release_runs.py run --out DIR --steps tests    # or one per call
     # 3. here, with DIR's files back:
     python bench/gpu/release_runs.py install DIR
@@ -86,8 +86,10 @@ REPLAY_TEST = ("tests/gpu/test_verify_step_graphs_gpu.py::"
                "test_thousand_steps_of_changing_batch_sizes_replay_captured_graphs")
 REPLAY_RE = re.compile(r"steps (\d+), replayed (\d+), uncaptured (\{[^}]*\})")
 PATCH_0002_FILE = "tests/gpu/test_patch_0002_gpu.py"
-#: Default per-step limits (s); all three fit one 10-minute call with ``--step-timeout 170``
-#: (measured before the folded step: tests ~90 s, bench ~100 s on one H100/H200).
+#: Default per-step limits (s). Measured on one H100 (2026-12-07, cold Triton cache): tests
+#: 29 in 182 s with ``--test-workers 8`` and over 280 s in one process (they compile most of
+#: the time), bench 110 s, folded 86-138 s: with ``--test-workers 8`` and ``--step-timeout
+#: 190`` all three fit one 10-minute call.
 TIMEOUTS = {"tests": 420, "bench": 540, "folded": 300}
 CARRY = ".vllm_src"
 #: The package's copy of the folded report (what the installed cost model prices from),
@@ -155,9 +157,10 @@ def prepare(args) -> int:
     print("carry to the GPU machine (with the working tree): " + ", ".join(carry))
     print("check the copy first (CPU): python bench/gpu/release_runs.py run --dry-run "
           "--out /tmp/release-dry-run")
-    print("run there, from the repository root, in one call (170 s per step keeps it under "
-          "10 minutes):")
-    print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --step-timeout 170")
+    print("run there, from the repository root, in one call (the tests on 8 processes and "
+          "190 s per step keep it under 10 minutes):")
+    print("  python3 bench/gpu/release_runs.py run --out \"$OUT\" --test-workers 8 "
+          "--step-timeout 190")
     print("or one call per step (--steps tests, --steps bench, --steps folded)")
     return EXIT_OK
 
@@ -168,9 +171,13 @@ def prepare(args) -> int:
 def step_command(step: str, args) -> list[str]:
     py, out = sys.executable, str(args.out)
     if step == "tests":
-        cmd = [py, "-m", "pytest", "tests/gpu", "-rA", "-s", "-p", "no:cacheprovider",
+        cmd = [py, "-m", "pytest", "tests/gpu", "-rA", "-p", "no:cacheprovider",
                f"--junitxml={out}/tests_gpu.xml"]
-        return cmd + (["--collect-only", "-q"] if args.dry_run else [])
+        if args.dry_run:
+            return cmd + ["--collect-only", "-q"]
+        # one process prints as it goes (-s); workers' output comes back in -rA's PASSES
+        workers = args.test_workers or 0
+        return cmd + (["-n", str(workers), "--dist", "load"] if workers > 1 else ["-s"])
     name = FOLDED_REPORT if step == "folded" else REPORT
     cmd = [py, "bench/kernels/bench_verify_graph.py", "--out-dir", out, "--name", name]
     if (ROOT / CARRY).is_dir():
@@ -435,6 +442,9 @@ def build_parser() -> ArgumentParser:
                    help="seconds per step (default tests "
                         f"{TIMEOUTS['tests']}, bench {TIMEOUTS['bench']}, folded "
                         f"{TIMEOUTS['folded']})")
+    r.add_argument("--test-workers", type=positive_int, default=None,
+                   help="run tests/gpu on N pytest-xdist processes (they compile Triton "
+                        "kernels in parallel; needs pytest-xdist); default one process")
     r.add_argument("--quick", action="store_true", help="the benchmark's --quick")
     r.add_argument("--logits", type=Path, default=None,
                    help=f"the benchmark's --logits (default {ROWS_FILE} when it exists)")

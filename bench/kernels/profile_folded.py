@@ -16,10 +16,11 @@ that replay, not communication). After ``--warmup`` steps, ``--steps`` steps run
 ``torch.profiler`` (CUDA activity); every CUDA kernel / memcpy / memset is summed by name.
 Printed per escalation and kernel variant: kernel, calls per step, µs per step, share of the
 step's kernel time, then the total; and which rows were uncertified, escalated or deferred.
-``--kernels both`` (default) runs each escalation with the shipped kernels (``new``: the merge
-orders candidates by merging the ranks' sorted runs from ``verify.merge.MERGE_RUNS_MIN_WIDTH``
-candidates per rank, so the folded escalation's second merge, and the folded send kernel
-bisects for its rank keys) and with a full sort / one top-k everywhere (``old``), and prints, side
+``--kernels both`` (default) runs each escalation with the faster kernels (``new``: the merge
+orders candidates by merging the ranks' sorted runs from 256 per rank, i.e. the folded
+escalation's second merge, off by default, see ``verify.merge.MERGE_RUNS_MIN_WIDTH``; the
+folded send kernel bisects for its rank keys, the default) and with a full sort / one top-k
+everywhere (``old``), and prints, side
 by side in the same run, each variant's CUDA-graph time per step and whether the tokens are
 the same.
 
@@ -182,9 +183,10 @@ def reported_case() -> str:
         return f"{REPORT.relative_to(ROOT)}: no such case ({type(e).__name__})"
 
 
-#: The kernel variants ``--kernels`` compares: the merge by runs from MERGE_RUNS_MIN_WIDTH and
-#: the send kernel's rank bisection (``new``, the defaults) or a sort of all keys and one
-#: top-k (``old``).
+#: The kernel variants ``--kernels`` compares: the merge by runs from RUNS_FROM candidates per
+#: rank and the send kernel's rank bisection (``new``) or a sort of all keys and one top-k
+#: (``old``).
+RUNS_FROM = 256
 VARIANTS = {"new": "merge of sorted runs (wide merges), send by bisection",
             "old": "merge by full sort, send by top-k over all splits"}
 KERNELS = {"both": ("new", "old"), "new": ("new",), "old": ("old",)}
@@ -197,8 +199,8 @@ def kernel_variant(kern: str):
     from vllm_kimi_ext.verify.escalate import folded
 
     saved = merge.MERGE_RUNS_MIN_WIDTH, folded.SEND_SELECT
-    if kern == "old":  # no width merges runs; the send kernel's top-k
-        merge.MERGE_RUNS_MIN_WIDTH, folded.SEND_SELECT = 1 << 62, False
+    merge.MERGE_RUNS_MIN_WIDTH, folded.SEND_SELECT = (
+        (RUNS_FROM, True) if kern == "new" else (None, False))
     try:
         yield
     finally:

@@ -72,6 +72,17 @@ def test_replay_count_is_read_from_the_log(tmp_path):
     assert rr.summarize_tests(tmp_path, dry_run=False)["replay"]["uncaptured_steps"] is None
 
 
+def test_test_workers_spread_the_gpu_tests_over_xdist_processes(tmp_path):
+    """One process prints as it goes (``-s``); with workers the replay line must come back
+    through ``-rA``'s PASSES section, so ``-s`` is dropped (it would swallow it)."""
+    args = rr.build_parser().parse_args(["run", "--out", str(tmp_path)])
+    one = rr.step_command("tests", args)
+    assert "-s" in one and "-n" not in one and "-rA" in one
+    args = rr.build_parser().parse_args(["run", "--out", str(tmp_path), "--test-workers", "8"])
+    many = rr.step_command("tests", args)
+    assert many[many.index("-n") + 1] == "8" and "-s" not in many and "-rA" in many
+
+
 def test_outcomes_from_junit_xml(tmp_path):
     name = rr.REPLAY_TEST.split("::")[1]
     (tmp_path / "tests_gpu.xml").write_text(
@@ -186,6 +197,8 @@ BAD = [
     (["run"], "--out"),
     (["run", "--out", "{tmp}/o", "--steps", "tests,nope"], "--steps"),
     (["run", "--out", "{tmp}/o", "--step-timeout", "0"], "--step-timeout"),
+    (["run", "--out", "{tmp}/o", "--test-workers", "0"], "--test-workers"),
+    (["run", "--out", "{tmp}/o", "--test-workers", "many"], "--test-workers"),
     (["run", "--out", "{tmp}/file"], "is not a directory"),
     (["run", "--out", "{tmp}/o", "--logits", "{tmp}/none.pt"], "--logits"),
     (["prepare", "--vllm-tree", "{tmp}/none"], "--vllm-tree"),

@@ -36,3 +36,21 @@ def test_merge_of_runs_equals_sort_quick():
 @pytest.mark.slow
 def test_merge_of_runs_equals_sort_every_case():
     assert len(_check()["cases"]) == 25
+
+
+def test_compare_gives_each_differing_field_and_its_largest_difference():
+    """A mismatch names the fields that differ with their largest absolute difference; the
+    decision list leaves out mismatches in the sums alone (what a GPU may round differently)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from testkit.verify_merge_runs_check import FIELDS, SUM_FIELDS, _compare
+
+    base = {f: torch.tensor([1.0, 2.0, float("-inf")]) for f in FIELDS}
+    a = SimpleNamespace(**base)
+    b = SimpleNamespace(**{**base, "lse": torch.tensor([1.0, 2.5, float("-inf")]),
+                           "gidx": torch.tensor([1.0, 2.0, 3.0])})
+    assert _compare(a, a) == {}
+    assert _compare(a, b) == {"gidx": float("inf"), "lse": 0.5}
+    assert set(SUM_FIELDS) < set(FIELDS) and "gidx" not in SUM_FIELDS

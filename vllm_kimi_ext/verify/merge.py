@@ -34,14 +34,19 @@ from .step_io import Merged, StepInputs, constant
 NEG_INF = float("-inf")
 #: Warps of the merge kernel (measured on an H200: ``bench/kernels/bench_verify_graph.py``).
 MERGE_WARPS = 16
-#: Round 1's merge orders the candidates by merging the ranks' sorted runs (binary search)
-#: when each rank sends at least this many (``W``), and by a bitonic sort of all ``TP * W``
-#: keys below it (:func:`merge_round1_triton`). Measured on one H100 (real rows, V = 163840,
-#: TP = 8, CUDA graphs; ``bench/reports/profile_folded_h100.txt``,
-#: ``bench/reports/verify_folded.md``): at W = 128 (round 1) merging runs made the whole-row
-#: step 4-19 us slower (k = 3/7, 4-256 rows); at W = 512 (the folded escalation's second
-#: merge) the step's two merge launches went from 142.7 to 86.8 us.
-MERGE_RUNS_MIN_WIDTH = 256
+#: From how many candidates per rank (``W``) round 1's merge orders them by merging the ranks'
+#: sorted runs (binary search) instead of a bitonic sort of all ``TP * W`` keys
+#: (:func:`merge_round1_triton`); ``None``: never unless a caller passes ``runs=True``.
+#: Off because on one H100 (2026-12-07, ``tests/gpu/test_verify_folded_gpu.py``) the merge
+#: of runs decided every case as the sort does (the same ids, values, flags) but its ``lse`` /
+#: ``nucleus_margin`` differed from the sort's in 3 of 29 cases (flat rows at W = 128, tied
+#: rows at W = 512): not bit for bit, as it is on Triton's CPU interpreter. Its speed, on the
+#: same GPU (real rows, V = 163840, TP = 8; ``bench/reports/profile_folded_h100_runs.txt``,
+#: ``bench/reports/verify_folded_h100_merge_runs.md``):
+#: at W = 128 (round 1) runs made the whole-row step 4-19 us slower (k = 3/7, 4-256 rows);
+#: at W = 512 (the folded escalation's second merge) the step's two merges went from 142.7
+#: to 86.8 us.
+MERGE_RUNS_MIN_WIDTH: int | None = None
 
 
 def merge_round1(g: torch.Tensor, inp: StepInputs, plan: StepPlan, vocab_size: int,
@@ -164,10 +169,12 @@ def merge_round1_triton(
     """Triton version of :func:`merge_round1_torch` (probabilistic drafts and
     all-greedy steps use the torch merge: their merge is a handful of ops).
 
-    The candidates arrive as one descending run per rank; ``runs`` (default: ``W >=``
-    :data:`MERGE_RUNS_MIN_WIDTH`) merges the runs by binary search instead of sorting all ``TP * W``
-    keys (the same sorted keys, so the same output bit for bit; a payload whose runs are out
-    of order takes the sort inside the kernel)."""
+    The candidates arrive as one descending run per rank; ``runs`` (default: from
+    :data:`MERGE_RUNS_MIN_WIDTH` candidates per rank, so never) merges the runs by binary
+    search instead of sorting all ``TP * W`` keys: the same sorted keys, bit for bit the same
+    output on Triton's CPU interpreter; on a GPU every case tried decided the same while the
+    sums (``lse``, ``nucleus_margin``) can round differently. A payload whose runs are out of
+    order takes the sort inside the kernel."""
     import triton
 
     from ._kernels import merge as km
@@ -186,7 +193,8 @@ def merge_round1_triton(
     margin = torch.empty(R, dtype=torch.float64, device=dev)
     rmax = torch.empty_like(gval)
     W = max(plan.candidates, 1)
-    runs = W >= MERGE_RUNS_MIN_WIDTH if runs is None else bool(runs)
+    if runs is None:
+        runs = MERGE_RUNS_MIN_WIDTH is not None and W >= MERGE_RUNS_MIN_WIDTH
     PN = triton.next_power_of_2(TP * W)
     shape = (R, PN) if runs else (1, 1)
     order = (torch.empty(shape, dtype=torch.int64, device=dev) if fill is None else
