@@ -2,7 +2,11 @@
 all-gathers per escalated row on the PCIe collective model next to the whole-row
 escalation's, and the sharded top-p step with each escalation, its compute from the
 measured reports (``bench/reports/verify_hist_h200.json`` for the histogram step). The table
-``docs/sharded-verification.md`` shows is :func:`escalation_markdown`'s."""
+``docs/sharded-verification.md`` shows is :func:`escalation_markdown`'s at :data:`DOC_BATCHES`:
+
+    python -m testkit.verify_hist_prices --write-docs docs/   # (``nox -s docs`` runs it)
+    python -m testkit.verify_hist_prices --check-docs docs/   # exit 1 when it is stale
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,9 @@ ESCALATIONS = (protocol.ESCALATIONS[0], "hist")
 #: modes): the step with the histogram escalation.
 HIST_REPORT_NAME = "bench/reports/verify_hist_h200.json"
 HIST_REPORT = Path(__file__).resolve().parents[1] / HIST_REPORT_NAME
+#: The batches of the table in ``docs/sharded-verification.md``.
+DOC_BATCHES = (1, 8, 16, 32, 64)
+DOC = "sharded-verification.md"
 
 
 def hist_measurements(path: str | Path | None = None) -> VerifyMeasurements | None:
@@ -145,3 +152,33 @@ def escalation_markdown(cm, meas: VerifyMeasurements | None = None, k: int = 3,
                   f"V = {cm.model.vocab_size}. The histogram step's compute is "
                   f"{ESCALATION_MEASURED_NOTE} ({src}); a cell marked * is "
                   f"{ESCALATION_TIME_NOTE}.", ""]
+
+
+def update_doc(text: str, path: str) -> str:
+    """``text`` (``docs/sharded-verification.md``) with its escalation table and the note
+    under it priced afresh (from the header through the note; ValueError without it)."""
+    from vllm_kimi_ext.costmodel.model import CostModel
+
+    md = escalation_markdown(CostModel.build(), batches=DOC_BATCHES)
+    start = text.find(md[0] + "\n")
+    if start < 0:
+        raise ValueError("no escalation table (its header row) to update")
+    blocks = text[start:].split("\n\n", 2)  # the table, the note, the rest
+    if len(blocks) < 2:
+        raise ValueError("the escalation table has no note under it")
+    old = blocks[0] + "\n\n" + blocks[1]
+    return text[:start] + "\n".join(md[:-1]) + text[start + len(old):]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.harness.generated_docs import in_place_main
+
+    return in_place_main("python -m testkit.verify_hist_prices",
+                         "the histogram escalation's price table in " + DOC, DOC, update_doc,
+                         argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

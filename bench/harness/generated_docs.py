@@ -45,6 +45,9 @@ GENERATORS: tuple[DocGenerator, ...] = (
                  ("what-to-run.md", "cost-model.md", "choosing-a-draft.md"),
                  updates=("cost-model.md", "choosing-a-draft.md")),
     DocGenerator("vllm_kimi_ext.costmodel.placement_table", "docs", ("collectives-per-token.md",)),
+    # the histogram escalation's price table (test kit: that escalation is not shipped)
+    DocGenerator("testkit.verify_hist_prices", "docs", ("sharded-verification.md",),
+                 updates=("sharded-verification.md",)),
     DocGenerator("vllm_kimi_ext.drafts.doctor.codes", "docs", ("doctor.md",),
                  updates=("doctor.md",)),
     DocGenerator("bench.harness.readme", ".", ("README.md",), updates=("README.md",)),
