@@ -77,8 +77,16 @@ def _py() -> str:
 
 
 def _pip(session: nox.Session, *args: str, env: dict | None = None) -> None:
-    session.run(_py(), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args,
-                env=env, external=True)
+    """pip install into the project environment; one install at a time (a lock file in
+    build/): ``.ci/run`` runs upstream-tests and upstream-check side by side, and both
+    install their test requirements."""
+    import fcntl
+
+    BUILD_DIR.mkdir(exist_ok=True)
+    with open(BUILD_DIR / ".pip.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        session.run(_py(), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args,
+                    env=env, external=True)
 
 
 def _ensure_env(session: nox.Session) -> None:
